@@ -1,0 +1,130 @@
+"""`--plot OUT.png`: the bench report at a glance, drawn from its JSON (so a saved report can be redrawn).
+
+    +--------------------------------+--------------------------------+
+    | speedup per category           | alpha per category             |
+    | (measured vs predicted, bars)  | (bars, tau written on top)     |
+    +--------------------------------+--------------------------------+
+    | acceptance by draft position   | k sweep: speedup vs k          |
+    | (a line per category, top k)   | (or tok/s per category, one k) |
+    +--------------------------------+--------------------------------+
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from specpack.errors import SpecpackError
+
+MEASURED, PREDICTED, AR = "#2b6cb0", "#a0aec0", "#dd6b20"
+
+
+def plot_report(report: dict[str, Any], out: Path) -> Path:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as err:
+        raise SpecpackError("--plot needs matplotlib", expected="matplotlib installed",
+                            found="no matplotlib", hint="pip install 'specpack[bench]'") from err
+    fig, axes = plt.subplots(2, 2, figsize=(14, 9.5))
+    groups = {"overall": report["overall"], **report["by_category"]}
+    _speedup_bars(axes[0, 0], groups, report["best_k"])
+    _alpha_bars(axes[0, 1], groups)
+    k_max = max(report["by_k"], key=int)  # the longest drafts show the most positions
+    deepest = report["by_k"][k_max]
+    _acceptance_lines(axes[1, 0], {"overall": deepest, **deepest["by_category"]}, int(k_max))
+    if len(report["by_k"]) > 1:
+        _k_sweep(axes[1, 1], report["by_k"])
+    else:
+        _throughput_bars(axes[1, 1], groups)
+    m, o, cfg = report["machine"], report["overall"], report["config"]
+    mode = "greedy" if cfg["temperature"] == 0 else f"temperature {cfg['temperature']}"
+    fig.suptitle(f"specpack bench: {Path(report['pack']['path']).name}, {o['n_prompts']} prompts, {mode}, "
+                 f"<= {cfg['max_new_tokens']} new tokens, best k = {report['best_k']}: "
+                 f"{_x(o['speedup'])} measured, {_x(o['predicted_speedup'])} predicted\n"
+                 f"{m['cpu']}, {m['usable_cores']} cores, threads {m['threads']}, onnxruntime {m['onnxruntime']}; "
+                 f"c = {o['c']:.2f}, v({o['k']}) = {o['v']:.2f}", fontsize=11)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _speedup_bars(ax: Any, groups: dict[str, dict[str, Any]], k: int) -> None:
+    names = list(groups)
+    xs = range(len(names))
+    measured = [groups[n]["speedup"] or 0.0 for n in names]
+    predicted = [groups[n]["predicted_speedup"] or 0.0 for n in names]
+    bars = ax.bar([x - 0.2 for x in xs], measured, 0.4, label="measured", color=MEASURED)
+    pred = ax.bar([x + 0.2 for x in xs], predicted, 0.4, label="predicted  tau / (k c + v(k))", color=PREDICTED)
+    ax.bar_label(bars, labels=[f"{v:.2f}" for v in measured], fontsize=8)
+    ax.bar_label(pred, labels=[f"{v:.2f}" for v in predicted], fontsize=7, color="dimgray")
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_ylim(0, 1.3 * max([*measured, *predicted, 1.0]))  # headroom for the labels and the legend
+    _categories(ax, names)
+    ax.set_ylabel("decode speedup over the target alone (x)")
+    ax.set_title(f"speedup per category (k = {k})")
+    ax.legend(fontsize=8)
+
+
+def _alpha_bars(ax: Any, groups: dict[str, dict[str, Any]]) -> None:
+    names = list(groups)
+    alpha = [groups[n]["alpha"] or 0.0 for n in names]
+    bars = ax.bar(range(len(names)), alpha, 0.6, color=MEASURED)
+    ax.bar_label(bars, labels=[f"tau {groups[n]['tau']:.2f}" if groups[n]["tau"] else "" for n in names], fontsize=7)
+    _categories(ax, names)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("alpha (accepted / proposed drafts)")
+    ax.set_title("acceptance rate per category (tau above each bar)")
+
+
+def _acceptance_lines(ax: Any, groups: dict[str, dict[str, Any]], k: int) -> None:
+    for name, s in groups.items():
+        points = [(i + 1, a) for i, a in enumerate(s["per_position"]) if a is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o", label=name, linewidth=3 if name == "overall" else 1.2,
+                    color="black" if name == "overall" else None)
+    ax.set_xticks(range(1, 1 + max((len(s["per_position"]) for s in groups.values()), default=1)))
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("accepted / proposed at this position")
+    ax.set_ylim(0, 1.15)
+    ax.set_title(f"acceptance by draft position (k = {k})")
+    ax.legend(fontsize=7, ncol=3, loc="upper right")
+
+
+def _k_sweep(ax: Any, by_k: dict[str, dict[str, Any]]) -> None:
+    ks = sorted(int(k) for k in by_k)
+    ax.plot(ks, [by_k[str(k)]["speedup"] for k in ks], marker="o", color=MEASURED, label="measured, all prompts")
+    ax.plot(ks, [by_k[str(k)]["predicted_speedup"] for k in ks], marker="s", color=PREDICTED, label="predicted")
+    for cat in by_k[str(ks[0])]["by_category"]:
+        ax.plot(ks, [by_k[str(k)]["by_category"][cat]["speedup"] for k in ks], linewidth=0.8, alpha=0.6, label=cat)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(ks)
+    ax.set_xlabel("k (drafts per step)")
+    ax.set_ylabel("speedup (x)")
+    ax.set_title("k sweep")
+    ax.legend(fontsize=7, ncol=2)
+
+
+def _throughput_bars(ax: Any, groups: dict[str, dict[str, Any]]) -> None:
+    names = list(groups)
+    xs = range(len(names))
+    ax.bar([x - 0.2 for x in xs], [groups[n]["ar_tokens_per_s"] for n in names], 0.4, label="target alone", color=AR)
+    ax.bar([x + 0.2 for x in xs], [groups[n]["tokens_per_s"] for n in names], 0.4, label="speculative", color=MEASURED)
+    _categories(ax, names)
+    ax.set_ylabel("decode tokens/s (after the first token)")
+    ax.set_title("throughput per category")
+    ax.legend(fontsize=8)
+
+
+def _categories(ax: Any, names: list[str]) -> None:
+    ax.set_xticks(range(len(names)))
+    ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"

@@ -1,0 +1,277 @@
+"""From measured runs to the bench's numbers (DESIGN.md's vocabulary), its JSON and its tables.
+
+Pooled over a group of prompts (a category, or all):
+    alpha            accepted / proposed drafts               tau  (accepted + steps) / steps
+    tokens_per_s     sum of decoded tokens / sum of decode seconds, decoded = new tokens after the first
+    speedup          tokens_per_s / ar_tokens_per_s: a ratio of pooled throughputs over the same prompts
+    speedup_median   the median over prompts of each prompt's own ratio (robust to one slow moment)
+    predicted        tau / (k*c + v(k));  efficiency = speedup / predicted
+best_k is the k with the highest speedup; `overall` and `by_category` are at best_k, `by_k` holds every k.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from specpack.bench.runner import BenchRun, Decode, PromptRun, first_divergence
+from specpack.bench.timing import StepCosts
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+DEFINITIONS = {
+    "alpha": "accepted / proposed draft tokens (proposed: only drafts that were verified), pooled over prompts",
+    "tau": "tokens emitted per verify step (accepted + 1), pooled over prompts",
+    "tokens_per_s": "decoded tokens (after the first) / decode seconds, pooled: sums over prompts, then the ratio",
+    "speedup": "tokens_per_s / ar_tokens_per_s, same pack, backend, prompts and run",
+    "speedup_median": "median over prompts of the per-prompt speedup",
+    "predicted_speedup": "tau / (k*c + v(k)), c and v(k) timed on the engines (costs)",
+    "efficiency": "speedup / predicted_speedup",
+    "identical_fraction": "prompts whose greedy output equals the target-alone output, over all prompts",
+    "divergences.gap": "top-1 minus top-2 target logit (transformers, the source model) after the common prefix",
+}
+CAPTION = ("tok/s: decoding after the first token; speedup: spec / AR tok/s; pred.: tau / (k c + v(k)); "
+           "eff.: speedup / pred.; ident.: greedy output equal to the target alone's")
+
+
+def build_report(run: BenchRun, machine: dict[str, Any]) -> dict[str, Any]:
+    """The bench's JSON document."""
+    greedy = run.config.greedy
+    by_k: dict[str, dict[str, Any]] = {}
+    for k in run.ks:
+        summary = summarize(run.runs, k, run.costs, greedy, run.gaps)
+        summary["by_category"] = {cat: summarize(group, k, run.costs, greedy, run.gaps)
+                                  for cat, group in by_category(run.runs).items()}
+        by_k[str(k)] = summary
+    best = best_k(by_k)
+    overall = {key: value for key, value in by_k[str(best)].items() if key != "by_category"}
+    return {
+        "overall": overall, "by_category": by_k[str(best)]["by_category"], "by_k": by_k, "best_k": best,
+        "costs": run.costs.to_dict(), "machine": machine, "peak_memory": run.peak_memory,
+        "peers": {name: peer_summary(run, raw, by_k[str(best)]) for name, raw in run.peers.items()},
+        "config": {"ks": list(run.ks), "max_new_tokens": run.config.max_new_tokens,
+                   "temperature": run.config.temperature, "seed": run.config.seed, "threads": run.config.threads,
+                   "timing_reps": run.config.timing_reps, "n_prompts": len(run.runs)},
+        "pack": run.pack, "prompts": [_prompt_row(r) for r in run.runs], "skipped": run.skipped,
+        "notes": run.notes, "definitions": DEFINITIONS,
+    }
+
+
+def by_category(runs: Sequence[PromptRun]) -> dict[str, list[PromptRun]]:
+    groups: dict[str, list[PromptRun]] = {}
+    for r in runs:
+        groups.setdefault(r.prompt.category, []).append(r)
+    return groups
+
+
+def best_k(by_k: dict[str, dict[str, Any]]) -> int:
+    """The k with the highest measured speedup (the smaller k on a tie)."""
+    return max(sorted(int(k) for k in by_k), key=lambda k: (by_k[str(k)]["speedup"] or 0.0, -k))
+
+
+def summarize(runs: Sequence[PromptRun], k: int, costs: StepCosts, greedy: bool,
+              gaps: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    spec, ar = [r.spec[k] for r in runs], [r.ar for r in runs]
+    steps, proposed, accepted = (sum(d.stats[key] for d in spec) for key in ("steps", "proposed", "accepted"))
+    tau = (accepted + steps) / steps if steps else None
+    tps, ar_tps = pooled_tokens_per_s(spec), pooled_tokens_per_s(ar)
+    speedup = tps / ar_tps if ar_tps else None
+    predicted = costs.predicted_speedup(tau, k) if tau is not None else None
+    ratios = [s.stats["tokens_per_s"] / a.stats["tokens_per_s"] for s, a in zip(spec, ar, strict=True)
+              if s.stats["tokens_per_s"] > 0 and a.stats["tokens_per_s"] > 0]
+    return {
+        "n_prompts": len(runs), "k": k,
+        "alpha": accepted / proposed if proposed else None, "tau": tau, "per_position": per_position(spec, k),
+        "tokens_per_s": tps, "ar_tokens_per_s": ar_tps, "speedup": speedup,
+        "speedup_median": statistics.median(ratios) if ratios else None,
+        "predicted_speedup": predicted,
+        "efficiency": speedup / predicted if speedup is not None and predicted else None,
+        "c": costs.c, "v": costs.v(k),
+        "ttft_s": _median(d.stats["ttft_s"] for d in spec), "ar_ttft_s": _median(d.stats["ttft_s"] for d in ar),
+        "identical_fraction": sum(r.ar.tokens == r.spec[k].tokens for r in runs) / len(runs) if greedy else None,
+        "divergences": divergences(runs, k, gaps) if greedy else [],
+    }
+
+
+def pooled_tokens_per_s(decodes: Sequence[Decode]) -> float:
+    """Sum of tokens after the first / sum of the seconds after the first token."""
+    tokens = sum(max(d.stats["new_tokens"] - 1, 0) for d in decodes)
+    seconds = sum(d.stats["decode_s"] for d in decodes)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def per_position(spec: Sequence[Decode], k: int) -> list[float | None]:
+    """Acceptance at draft position 1..k, pooled: exact counts when the stats carry them, else the
+    per-prompt ratios weighted by steps (off only by the few steps capped at the end of a prompt)."""
+    if all("proposed_at" in d.stats and "accepted_at" in d.stats for d in spec):
+        prop = [sum(d.stats["proposed_at"][i] for d in spec) for i in range(k)]
+        acc = [sum(d.stats["accepted_at"][i] for d in spec) for i in range(k)]
+        return [a / p if p else None for a, p in zip(acc, prop, strict=True)]
+    out: list[float | None] = []
+    for i in range(k):
+        pairs = [(d.stats["per_position"][i], d.stats["steps"]) for d in spec
+                 if i < len(d.stats["per_position"]) and d.stats["per_position"][i] is not None]
+        weight = sum(w for _, w in pairs)
+        out.append(sum(r * w for r, w in pairs) / weight if weight else None)
+    return out
+
+
+def divergences(runs: Sequence[PromptRun], k: int, gaps: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where each speculative output first left the target-alone output, with the target's top-2 gap there."""
+    found = []
+    for r in runs:
+        ar, spec = r.ar.tokens, r.spec[k].tokens
+        pos = first_divergence(ar, spec)
+        if pos is not None:
+            gap = gaps.get((r.prompt.id, pos), {})
+            found.append({"prompt": r.prompt.id, "position": pos, "gap": gap.get("gap"),
+                          "ar_token": ar[pos] if pos < len(ar) else None,
+                          "spec_token": spec[pos] if pos < len(spec) else None,
+                          "top2_tokens": gap.get("top2_tokens")})
+    return found
+
+
+def peer_summary(run: BenchRun, raw: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+    """transformers' numbers beside ours (`best`: our summary at best_k, with its by_category), pooled like ours."""
+    ours = {r.prompt.id: r for r in run.runs}
+
+    def rates(records: list[dict[str, Any]], mine: dict[str, Any]) -> dict[str, Any]:
+        ar, assisted = _peer_rate(records, "ar"), _peer_rate(records, "assisted")
+        same = [rec for rec in records if rec["same_input_ids"]]
+        return {"n_prompts": len(records), "ar_tokens_per_s": ar, "assisted_tokens_per_s": assisted,
+                "assisted_speedup": assisted / ar if ar else None,
+                "ours_over_assisted": mine["tokens_per_s"] / assisted if assisted else None,
+                "ours_ar_over_hf_ar": mine["ar_tokens_per_s"] / ar if ar else None,
+                "identical_fraction": _fraction(rec["assisted"]["tokens"] == rec["ar"]["tokens"] for rec in records),
+                "same_input_ids_fraction": _fraction(rec["same_input_ids"] for rec in records),
+                "ar_equals_ours_fraction": _fraction(rec["ar"]["tokens"] == ours[rec["id"]].ar.tokens for rec in same)}
+
+    records = raw["prompts"]
+    summary = rates(records, best)
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        groups.setdefault(rec["category"], []).append(rec)
+    summary["by_category"] = {cat: rates(recs, best["by_category"][cat]) for cat, recs in groups.items()}
+    summary.update({key: raw[key] for key in ("dtype", "threads", "transformers", "torch", "assistant", "timing",
+                                              "peak_rss_mb")})
+    summary["prompts"] = [{"id": rec["id"], **{mode: {key: rec[mode][key] for key in
+                                                      ("new_tokens", "decoded_tokens", "ttft_s", "decode_s")}
+                                               for mode in ("ar", "assisted")}} for rec in records]
+    return summary
+
+
+def _peer_rate(records: list[dict[str, Any]], mode: str) -> float:
+    tokens = sum(rec[mode]["decoded_tokens"] for rec in records)
+    seconds = sum(rec[mode]["decode_s"] for rec in records)
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def _fraction(flags: Any) -> float | None:
+    values = list(flags)
+    return sum(values) / len(values) if values else None
+
+
+def _median(values: Any) -> float | None:
+    values = list(values)
+    return statistics.median(values) if values else None
+
+
+def _prompt_row(r: PromptRun) -> dict[str, Any]:
+    def row(d: Decode) -> dict[str, Any]:
+        keys = ("new_tokens", "tokens_per_s", "ttft_s", "decode_s", "alpha", "tau", "steps", "per_position")
+        return {key: d.stats[key] for key in keys if key in d.stats}
+
+    return {"id": r.prompt.id, "category": r.prompt.category, "chat": r.prompt.chat, "prompt_tokens": len(r.ids),
+            "ar": row(r.ar),
+            "spec": {str(k): {**row(d), "identical": d.tokens == r.ar.tokens} for k, d in r.spec.items()}}
+
+
+def machine_info(threads: int | None) -> dict[str, Any]:
+    """Where the numbers were measured."""
+    import numpy
+    import onnxruntime
+
+    try:
+        import psutil
+
+        physical, ram = psutil.cpu_count(logical=False), psutil.virtual_memory().total / 2**30
+    except ImportError:
+        physical, ram = None, None
+    return {"cpu": _cpu_model(), "physical_cores": physical, "logical_cores": os.cpu_count(),
+            "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "ram_gb": ram, "os": platform.platform(), "python": platform.python_version(),
+            "onnxruntime": onnxruntime.__version__, "numpy": numpy.__version__,
+            "threads": threads if threads else "onnxruntime default (one per physical core)"}
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# --- tables ---------------------------------------------------------------------------------------------------
+
+def print_report(report: dict[str, Any], console: Console) -> None:
+    """The tables a person reads after a run: per category, the k sweep, costs, divergences, peers, memory."""
+    from rich.table import Table
+
+    o, best, cfg = report["overall"], report["best_k"], report["config"]
+    sweep_note = f" (best of {','.join(map(str, cfg['ks']))})" if len(cfg["ks"]) > 1 else ""
+    mode = "greedy" if cfg["temperature"] == 0 else f"temperature {cfg['temperature']}"
+    console.print(f"\n[bold]specpack bench[/bold] {report['pack']['path']}: {o['n_prompts']} prompts, "
+                  f"k={best}{sweep_note}, {mode}, up to {cfg['max_new_tokens']} new tokens")
+    table = Table("category", "n", "alpha", "tau", "AR tok/s", "spec tok/s", "speedup", "pred.", "eff.", "ident.",
+                  title=f"by category, k={best}", caption=CAPTION)
+    for name, s in [*report["by_category"].items(), ("overall", o)]:
+        table.add_row(name, str(s["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"),
+                      _f(s["ar_tokens_per_s"], ".1f"), _f(s["tokens_per_s"], ".1f"), _f(s["speedup"], ".2f", "x"),
+                      _f(s["predicted_speedup"], ".2f", "x"), _f(s["efficiency"], ".0%"),
+                      _f(s["identical_fraction"], ".0%"), style="bold" if name == "overall" else None)
+    console.print(table)
+    if len(report["by_k"]) > 1:
+        sweep = Table("k", "alpha", "tau", "spec tok/s", "speedup", "pred.", "eff.", "v(k)", "ident.",
+                      title="k sweep, all prompts", caption=CAPTION)
+        for k, s in report["by_k"].items():
+            sweep.add_row(k, _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"), _f(s["tokens_per_s"], ".1f"),
+                          _f(s["speedup"], ".2f", "x"), _f(s["predicted_speedup"], ".2f", "x"),
+                          _f(s["efficiency"], ".0%"), _f(s["v"], ".2f"), _f(s["identical_fraction"], ".0%"),
+                          style="bold" if int(k) == best else None)
+        console.print(sweep)
+    c = report["costs"]
+    console.print(f"costs at {c['context_tokens']} tokens of context: target step {c['target_step_ms']:.1f} ms, "
+                  f"draft step {c['draft_step_ms']:.1f} ms, c = {c['c']:.3f}, "
+                  + ", ".join(f"v({k}) = {v:.2f}" for k, v in c["v"].items())
+                  + f"; prefill: target {c['target_prefill_ms']:.1f} ms, draft {c['draft_prefill_ms']:.1f} ms")
+    console.print(f"time to first token (median): AR {_f(o['ar_ttft_s'], '.3f')} s, spec {_f(o['ttft_s'], '.3f')} s; "
+                  f"median per-prompt speedup {_f(o['speedup_median'], '.2f', 'x')}")
+    for d in o["divergences"][:10]:
+        console.print(f"  divergence: {d['prompt']} at new token {d['position']}: {d['ar_token']} (target alone) vs "
+                      f"{d['spec_token']}, top-2 logit gap {_f(d['gap'], '.2e')}")
+    if len(o["divergences"]) > 10:
+        console.print(f"  ... {len(o['divergences']) - 10} more divergences in the JSON")
+    for name, p in report["peers"].items():
+        console.print(f"peer {name} ({p['dtype']}, {p['threads']} threads): AR {_f(p['ar_tokens_per_s'], '.1f')} tok/s, "
+                      f"assisted {_f(p['assisted_tokens_per_s'], '.1f')} tok/s ({_f(p['assisted_speedup'], '.2f', 'x')}, "
+                      f"identical to its AR {_f(p['identical_fraction'], '.0%')}); ours over assisted "
+                      f"{_f(p['ours_over_assisted'], '.2f', 'x')}, our AR over its AR {_f(p['ours_ar_over_hf_ar'], '.2f', 'x')}")
+    m = report["peak_memory"]
+    console.print("peak RSS: " + ", ".join(f"{phase} {mb / 1024:.2f} GB" for phase, mb in m["peak_rss_mb"].items())
+                  + "".join(f"; peer {n} {p['peak_rss_mb'] / 1024:.2f} GB (own process)" for n, p in report["peers"].items()))
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/yellow] {note}")
+    if report["skipped"]:
+        console.print(f"[yellow]skipped {len(report['skipped'])} prompts too long for the pack[/yellow]")
+
+
+def _f(value: float | None, fmt: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{fmt}}{suffix}"

@@ -1,0 +1,287 @@
+"""Run the benchmark: every prompt decoded by the target alone (k = 0) and speculatively (each k of the
+sweep), on one loaded pack, in one run; then the HF-side extras (divergence logit gaps, peers), each in a
+child process once the pack is closed, so that their memory is neither ours nor added to ours.
+
+    load pack -> encode prompts -> warm up -> c, v(k) (timing.py)
+      -> per prompt: k = 0, then each k            (progress bar on stderr)
+      -> close pack -> logit gaps of divergences, --peer hf (peer_hf.py, child processes)
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specpack.bench.prompts import BenchPrompt
+from specpack.bench.timing import StepCosts, measure_step_costs
+from specpack.errors import SpecpackError
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+
+    from specpack.runtime.pack import Pack
+
+WARMUP_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    ks: tuple[int, ...] | None = None   # the k sweep; None: the pack's k_max alone
+    max_new_tokens: int = 128
+    temperature: float = 0.0            # 0: greedy
+    seed: int = 0                       # uniforms' seed when sampling; the same for k = 0 and every k
+    threads: int | None = None          # ONNX Runtime intra-op threads (None: its default) and torch's in peers
+    timing_reps: int = 15               # repetitions of each timed call for c and v(k)
+    peer: str | None = None             # "hf": transformers' generate and assisted generation
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Decode:
+    """One generation: its new tokens and the runtime's stats (DecodeStats.to_dict())."""
+
+    tokens: list[int]
+    stats: dict[str, Any]
+
+
+@dataclass
+class PromptRun:
+    prompt: BenchPrompt
+    ids: list[int]                              # prompt token ids, as the pack encoded them
+    ar: Decode                                  # k = 0: the target alone
+    spec: dict[int, Decode] = field(default_factory=dict)
+
+
+@dataclass
+class BenchRun:
+    config: BenchConfig
+    ks: tuple[int, ...]
+    pack: dict[str, Any]                        # path, k_max, max_len, dtype, eos ids, sources
+    runs: list[PromptRun]
+    costs: StepCosts
+    peak_memory: dict[str, Any]
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    gaps: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)  # (prompt id, position) -> gap
+    peers: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConfig,
+              progress: Progress | None = None) -> BenchRun:
+    """Load, time c and v(k), decode every prompt (k = 0 and each k); report.py turns the result into numbers.
+
+    The HF-side extras come after, from `add_hf_extras`, once the pack is closed and the progress bar is gone.
+    """
+    from specpack.runtime.pack import load
+
+    task = progress.add_task("loading the pack", total=None) if progress is not None else None
+    memory = PhaseMemory()
+    with memory:
+        with memory.phase("load"):
+            pack = load(pack_path, threads=config.threads)
+        ks = check_ks(config.ks, pack.manifest.k_max)
+        encoded, skipped = _encode_all(pack, prompts, config.max_new_tokens)
+        _show(progress, task, description="warm-up, then timing c and v(k)")
+        with memory.phase("timing"):
+            _warm_up(pack, encoded[0][1], ks, config)
+            costs = measure_step_costs(pack, ks, _timing_context(encoded, config, pack, ks), encoded[0][1],
+                                       reps=config.timing_reps)
+        _show(progress, task, total=len(encoded) * (1 + len(ks)))
+        runs = _decode_all(pack, encoded, ks, config, memory, progress, task)
+        info = _pack_info(pack, pack_path, config)
+        pack.close()
+        del pack
+        gc.collect()
+    return BenchRun(config, ks, info, runs, costs, memory.report(), skipped)
+
+
+def check_ks(ks: Sequence[int] | None, k_max: int) -> tuple[int, ...]:
+    if ks is None:
+        return (k_max,)
+    bad = [k for k in ks if not 1 <= k <= k_max]
+    if not ks or bad:
+        raise SpecpackError("invalid --k", expected=f"drafts per step in 1..{k_max} (this pack's k_max)",
+                            found=",".join(map(str, ks)) or "nothing",
+                            hint="re-export with a larger --k for longer drafts")
+    return tuple(sorted(set(ks)))
+
+
+def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """Index of the first new token where two outputs differ (a shorter output differs where it ends)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _encode_all(pack: Pack, prompts: Sequence[BenchPrompt],
+                max_new_tokens: int) -> tuple[list[tuple[BenchPrompt, list[int]]], list[dict[str, str]]]:
+    """Token ids of each prompt; those too long for the pack are skipped (and reported), not truncated."""
+    encoded, skipped = [], []
+    limit = pack.manifest.max_len
+    for p in prompts:
+        ids = pack.encode(p.text, chat=p.chat)
+        if len(ids) + max_new_tokens > limit:
+            skipped.append({"prompt": p.id, "reason": f"{len(ids)} prompt tokens + {max_new_tokens} > max_len {limit}"})
+        else:
+            encoded.append((p, ids))
+    if not encoded:
+        raise SpecpackError("no prompt fits the pack", expected=f"prompt tokens + --max-new-tokens <= {limit}",
+                            found=f"{len(skipped)} prompts, all too long", hint="lower --max-new-tokens")
+    return encoded, skipped
+
+
+def _warm_up(pack: Pack, ids: list[int], ks: tuple[int, ...], config: BenchConfig) -> None:
+    """First runs allocate ONNX Runtime's arenas: keep them out of the measured numbers."""
+    for k in (0, *ks):
+        pack.generate(ids, WARMUP_TOKENS, k=k, temperature=config.temperature, seed=config.seed)
+
+
+def _timing_context(encoded: list[tuple[BenchPrompt, list[int]]], config: BenchConfig, pack: Pack,
+                    ks: tuple[int, ...]) -> int:
+    """Context for c and v(k): the median prompt plus half the new tokens, where decoding spends its time."""
+    typical = int(statistics.median(len(ids) for _, ids in encoded)) + config.max_new_tokens // 2
+    return max(1, min(typical, pack.manifest.max_len - max(ks) - 2))
+
+
+def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tuple[int, ...], config: BenchConfig,
+                memory: PhaseMemory, progress: Progress | None, task: TaskID | None) -> list[PromptRun]:
+    runs = []
+    for prompt, ids in encoded:
+        for k in (0, *ks):
+            _show(progress, task, description=f"{prompt.id} k={k}")
+            with memory.phase("autoregressive" if k == 0 else "speculative"):
+                out = pack.generate(ids, config.max_new_tokens, k=k, temperature=config.temperature, seed=config.seed)
+            decode = Decode(out.tokens, out.stats)
+            if k == 0:
+                runs.append(PromptRun(prompt, ids, decode))
+            else:
+                runs[-1].spec[k] = decode
+            _show(progress, task, advance=1)
+    return runs
+
+
+def _show(progress: Progress | None, task: TaskID | None, **fields: Any) -> None:
+    if progress is not None and task is not None:
+        progress.update(task, **fields)
+
+
+def _pack_info(pack: Pack, path: Path, config: BenchConfig) -> dict[str, Any]:
+    m = pack.manifest
+    return {"path": str(path), "k_max": m.k_max, "max_len": m.max_len, "dtype": m.target.dtype,
+            "draft_dtype": m.draft.dtype, "quantization": m.quantization, "eos_token_ids": list(m.eos_token_ids),
+            "draft_source": dict(m.draft.source), "target_source": dict(m.target.source),
+            "threads": config.threads}
+
+
+def add_hf_extras(run: BenchRun) -> None:
+    """Logit gaps at every greedy divergence, and the transformers peer: both in child processes."""
+    from specpack.bench import peer_hf
+
+    threads = run.config.threads or _physical_cores()
+    target_dir, draft_dir = run.pack["target_source"].get("resolved"), run.pack["draft_source"].get("resolved")
+    requests = _gap_requests(run) if run.config.greedy else []
+    if requests:
+        gaps, note = peer_hf.logit_gaps(target_dir, requests, threads=threads, dtype=run.pack["dtype"])
+        run.gaps = {(g["prompt"], g["position"]): g for g in gaps}
+        run.notes += [note] if note else []
+    if run.config.peer == "hf":
+        peer, note = peer_hf.run_hf_peer(draft_dir, target_dir, run, threads=threads)
+        run.peers = {"hf": peer} if peer is not None else {}
+        run.notes += [note] if note else []
+
+
+def _gap_requests(run: BenchRun) -> list[dict[str, Any]]:
+    """One request per distinct (prompt, position) where a speculative output left the target-alone one."""
+    requests: dict[tuple[str, int], dict[str, Any]] = {}
+    for r in run.runs:
+        for d in r.spec.values():
+            pos = first_divergence(r.ar.tokens, d.tokens)
+            if pos is not None and (r.prompt.id, pos) not in requests:
+                requests[(r.prompt.id, pos)] = {"prompt": r.prompt.id, "position": pos,
+                                                "prefix": r.ids + r.ar.tokens[:pos]}
+    return list(requests.values())
+
+
+def _physical_cores() -> int:
+    try:
+        import psutil
+
+        return int(psutil.cpu_count(logical=False) or os.cpu_count() or 1)
+    except ImportError:
+        return os.cpu_count() or 1
+
+
+class PhaseMemory:
+    """Peak resident memory of this process in each phase, sampled by a background thread.
+
+    A phase's peak is the process RSS (everything alive, the loaded pack included), not a delta;
+    ru_maxrss would give only the lifetime peak.
+    """
+
+    INTERVAL_S = 0.01
+
+    def __init__(self) -> None:
+        self.peaks: dict[str, int] = {}
+        self._phase: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample_loop, name="bench-rss", daemon=True)
+        self.before = _rss()
+
+    def __enter__(self) -> PhaseMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self._phase = name
+        self._sample()
+        try:
+            yield
+        finally:
+            self._sample()
+            self._phase = None
+
+    def report(self) -> dict[str, Any]:
+        import resource
+
+        lifetime_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+        return {"rss_before_load_mb": self.before / 2**20,
+                "peak_rss_mb": {name: rss / 2**20 for name, rss in self.peaks.items()},
+                "process_lifetime_max_rss_mb": lifetime_kb / 1024,
+                "method": f"process RSS sampled every {self.INTERVAL_S * 1e3:.0f} ms, max per phase"}
+
+    def _sample(self) -> None:
+        phase = self._phase
+        if phase is not None:
+            self.peaks[phase] = max(self.peaks.get(phase, 0), _rss())
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(self.INTERVAL_S):
+            self._sample()
+
+
+def _rss() -> int:
+    """Resident set size of this process in bytes (/proc: no dependency, ~10 us)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+

@@ -1,0 +1,94 @@
+"""c and v(k) (DESIGN.md, Measuring), timed on the pack's own engines and buffers.
+
+    c    = draft step on 1 token / target step on 1 token
+    v(k) = verify over k+1 tokens / target step on 1 token
+
+Both models first prefill `context` tokens (timed once, for the record); each timed call then runs on
+top of that cache and is rolled back, so every repetition sees the same context. Repetitions interleave
+the calls (a slow moment of a shared machine hits all of them alike) and the medians are kept. Both
+caches are emptied at the end.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specpack.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from specpack.runtime.pack import Pack
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    context_tokens: int
+    reps: int
+    target_step_s: float          # median time of a target step on 1 token (a k = 0 verify)
+    draft_step_s: float           # median time of a draft step on 1 token
+    verify_s: dict[int, float]    # k -> median time of a verify over k+1 tokens
+    target_prefill_s: float = 0.0  # one prefill of `context_tokens` (timed once, after the warm-up)
+    draft_prefill_s: float = 0.0
+
+    @property
+    def c(self) -> float:
+        return self.draft_step_s / self.target_step_s
+
+    def v(self, k: int) -> float:
+        return self.verify_s[k] / self.target_step_s
+
+    def predicted_speedup(self, tau: float, k: int) -> float:
+        """tau / (k*c + v(k)): the speedup of a runtime with no overhead of its own, at this acceptance."""
+        return tau / (k * self.c + self.v(k))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"context_tokens": self.context_tokens, "reps": self.reps, "c": self.c,
+                "v": {str(k): self.v(k) for k in sorted(self.verify_s)},
+                "target_step_ms": 1e3 * self.target_step_s, "draft_step_ms": 1e3 * self.draft_step_s,
+                "verify_ms": {str(k): 1e3 * s for k, s in sorted(self.verify_s.items())},
+                "target_prefill_ms": 1e3 * self.target_prefill_s, "draft_prefill_ms": 1e3 * self.draft_prefill_s}
+
+
+def measure_step_costs(pack: Pack, ks: Sequence[int], context: int, filler: Sequence[int],
+                       reps: int = 15, warmup: int = 3) -> StepCosts:
+    """Time one draft step, one target step and one verify per k after `context` tokens of `filler`."""
+    b, draft, target = pack.buffers, pack.draft, pack.target
+    b.set_sampling(SamplingParams())  # greedy: the uniforms are not read
+    ids = b.ids[0]  # [max_len + k_max + 1]
+    ids[: context + max(ks) + 1] = np.resize(np.asarray(filler, np.int64), context + max(ks) + 1)
+    times: dict[str, list[float]] = {"target": [], "draft": [], **{f"v{k}": [] for k in ks}}
+    prefill: dict[str, list[float]] = {"target": [], "draft": []}
+    try:
+        target.rollback(0)
+        _timed(prefill["target"], True, partial(target.verify, end=context, k=0))
+        draft.rollback(0)
+        _timed(prefill["draft"], True, partial(draft.propose, end=context, slot=0))
+        for rep in range(warmup + reps):
+            keep = rep >= warmup
+            _timed(times["target"], keep, partial(target.verify, end=context + 1, k=0))
+            target.rollback(context)
+            _timed(times["draft"], keep, partial(draft.propose, end=context + 1, slot=0))
+            draft.rollback(context)
+            for k in ks:
+                _timed(times[f"v{k}"], keep, partial(target.verify, end=context + k + 1, k=k))
+                target.rollback(context)
+    finally:
+        target.rollback(0)
+        draft.rollback(0)
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    return StepCosts(context_tokens=context, reps=reps, target_step_s=med["target"], draft_step_s=med["draft"],
+                     verify_s={k: med[f"v{k}"] for k in ks}, target_prefill_s=prefill["target"][0],
+                     draft_prefill_s=prefill["draft"][0])
+
+
+def _timed(into: list[float], keep: bool, fn: Callable[[], object]) -> None:
+    t0 = time.perf_counter()
+    fn()
+    if keep:
+        into.append(time.perf_counter() - t0)

@@ -1,0 +1,78 @@
+"""`specpack bench`: speculative vs autoregressive decoding of a pack on prompt sets, measured in one run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from specpack.bench.runner import BenchConfig
+from specpack.cli.errors import user_errors
+from specpack.errors import SpecpackError
+
+DEFAULTS = BenchConfig()
+
+
+def parse_ks(text: str | None) -> tuple[int, ...] | None:
+    """--k "1,2,4,8" -> (1, 2, 4, 8); None keeps the pack's k_max."""
+    if text is None:
+        return None
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError as err:
+        raise SpecpackError("invalid --k", expected="comma-separated integers, e.g. 1,2,4,8", found=text) from err
+
+
+@click.command("bench")
+@click.argument("pack", type=click.Path(path_type=Path))
+@click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(path_type=Path),
+              help="Prompt file (Spec-Bench/MT-bench, HumanEval .jsonl[.gz], GSM8K, or text); repeat for several.")
+@click.option("--k", "ks", default=None, help="Drafts per step, one or a sweep: 4 or 1,2,4,8 (default: the pack's k_max).")
+@click.option("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens, show_default=True)
+@click.option("--limit", type=int, default=None, help="Take the first N prompts of each category of each file.")
+@click.option("--temperature", type=float, default=DEFAULTS.temperature, show_default=True, help="0 is greedy.")
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of the uniforms when sampling.")
+@click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch's for --peer).")
+@click.option("--timing-reps", type=int, default=DEFAULTS.timing_reps, show_default=True,
+              help="Repetitions of each timed step for c and v(k).")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
+@click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None, help="Write a PNG summary.")
+@click.option("--peer", type=click.Choice(["hf"]), default=None,
+              help="Also run transformers' generate and assisted generation (own process).")
+@user_errors
+def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, max_new_tokens: int, limit: int | None,
+                  temperature: float, seed: int, threads: int | None, timing_reps: int, json_out: Path | None,
+                  plot_out: Path | None, peer: str | None) -> None:
+    """Benchmark speculative decoding against the target alone, on the same pack, prompts and run."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from specpack.bench.prompts import read_prompts
+    from specpack.bench.report import build_report, machine_info, print_report
+    from specpack.bench.runner import add_hf_extras, run_bench
+
+    if max_new_tokens < 2:
+        raise SpecpackError("invalid --max-new-tokens", expected="an integer >= 2 (decoding starts after the first)",
+                            found=str(max_new_tokens))
+    if timing_reps < 1:
+        raise SpecpackError("invalid --timing-reps", expected="an integer >= 1", found=str(timing_reps))
+    config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
+                         threads=threads, timing_reps=timing_reps, peer=peer)
+    prompts = read_prompts(prompt_files, limit)
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TimeRemainingColumn())
+    with Progress(*columns, console=Console(stderr=True)) as progress:
+        run = run_bench(pack, prompts, config, progress)
+    add_hf_extras(run)  # child processes, after the progress bar
+    report = build_report(run, machine_info(threads))
+    report["config"]["prompt_files"] = [str(p) for p in prompt_files]
+    report["config"]["limit"] = limit
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print_report(report, Console())
+    if plot_out is not None:
+        from specpack.bench.plot import plot_report
+
+        plot_report(report, plot_out)

@@ -1,0 +1,68 @@
+"""`specpack generate`: stream a completion and print what was accepted."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from specpack.cli.errors import user_errors
+from specpack.errors import SpecpackError
+
+
+def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    """--prompt TEXT or --prompt-file F (read as is, minus one trailing newline); exactly one."""
+    if (prompt is None) == (prompt_file is None):
+        raise SpecpackError("give the prompt once", expected="exactly one of --prompt TEXT or --prompt-file F",
+                            found="both" if prompt is not None else "neither")
+    if prompt_file is not None:
+        try:
+            text = prompt_file.read_text(encoding="utf-8")
+        except OSError as err:
+            raise SpecpackError(f"cannot read --prompt-file {prompt_file}", expected="a readable UTF-8 text file",
+                                found=err.strerror or str(err)) from err
+        prompt = text[:-1] if text.endswith("\n") else text
+    assert prompt is not None
+    if not prompt:
+        raise SpecpackError("empty prompt", expected="at least one character", found="an empty prompt")
+    return prompt
+
+
+@click.command("generate")
+@click.argument("pack", type=click.Path(path_type=Path))
+@click.option("--prompt", default=None, help="Prompt text.")
+@click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
+@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--k", "k", type=int, default=None, help="Drafts per step, 1..16 (default: the pack's k_max).")
+@click.option("--chat", is_flag=True, help="Wrap the prompt as one user message in the model's chat template.")
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
+@click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 disables.")
+@click.option("--seed", type=int, default=None, help="Seed of the uniforms (sampling only).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {tokens, text, stats} and nothing else.")
+@user_errors
+def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, max_new_tokens: int, k: int | None,
+                     chat: bool, temperature: float, top_k: int, top_p: float, seed: int | None, as_json: bool) -> None:
+    """Generate a completion with speculative decoding."""
+    import specpack
+
+    text = read_prompt(prompt, prompt_file)
+    if k is not None and not 1 <= k <= 16:
+        raise SpecpackError("invalid --k", expected="an integer in 1..16", found=str(k))
+    loaded = specpack.load(pack)
+    on_text = None if as_json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+    out = loaded.generate(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                          chat=chat, on_text=on_text)
+    if as_json:
+        click.echo(json.dumps({"tokens": out.tokens, "text": out.text, "stats": out.stats}))
+        return
+    s = out.stats
+    per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position"])
+    click.echo(
+        f"\n\n[specpack] {s['new_tokens']} tokens, k={s['k']}: alpha {s['alpha']:.3f}, tau {s['tau']:.2f} "
+        f"({s['accepted']}/{s['proposed']} drafts accepted in {s['steps']} steps; by position: {per_pos}); "
+        f"{s['tokens_per_s']:.1f} tok/s decoding, first token {s['ttft_s'] * 1000:.0f} ms",
+        err=True,
+    )

@@ -1,0 +1,62 @@
+"""Write manifest.json for a staged pack: every file with its sha256, each graph with its I/O spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specpack import __version__
+from specpack.deploy.hashing import sha256_file
+from specpack.deploy.manifest import MANIFEST_FILE, FileEntry, GraphEntry, Manifest, ModelEntry, TensorSpec
+from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
+
+if TYPE_CHECKING:
+    from specpack.export.config import ExportConfig
+    from specpack.export.model_info import ModelInfo
+    from specpack.export.tokenizer_export import TokenizerRecord
+
+
+def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int,
+                        tokenizer: TokenizerRecord, draft: tuple[dict[str, Any], ModelInfo],
+                        target: tuple[dict[str, Any], ModelInfo]) -> Manifest:
+    files = [FileEntry(path=p.relative_to(pack_dir).as_posix(), sha256=sha256_file(p), size=p.stat().st_size)
+             for p in sorted(pack_dir.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(".")]
+    manifest = Manifest(
+        draft=_model_entry(pack_dir, DRAFT_STEP_FILE, *draft, config.dtype),
+        target=_model_entry(pack_dir, VERIFY_FILE, *target, config.dtype),
+        vocab_size=vocab_size,
+        eos_token_ids=sorted(tokenizer.eos_token_ids),
+        k_max=config.k,
+        max_len=max_len,
+        tokenizer_files=tokenizer.files,
+        has_chat_template=tokenizer.has_chat_template,
+        files=files,
+        specpack_version=__version__,
+    )
+    manifest.write(pack_dir)
+    return manifest
+
+
+def _model_entry(pack_dir: Path, graph_file: str, source: dict[str, Any], info: ModelInfo, dtype: str) -> ModelEntry:
+    return ModelEntry(source=source, model_type=info.model_type, num_layers=info.num_layers, kv_heads=info.kv_heads,
+                      head_dim=info.head_dim, vocab_rows=info.vocab_rows, max_positions=info.max_positions,
+                      dtype=dtype, graph=graph_entry(pack_dir, graph_file))
+
+
+def graph_entry(pack_dir: Path, graph_file: str) -> GraphEntry:
+    """I/O spec and external data files of a graph, read without loading its weights."""
+    import onnx
+
+    model = onnx.load(str(pack_dir / graph_file), load_external_data=False)
+    data_files = sorted({entry.value for init in model.graph.initializer for entry in init.external_data
+                         if entry.key == "location"})
+    return GraphEntry(path=graph_file, data_files=data_files,
+                      inputs=[_spec(v) for v in model.graph.input], outputs=[_spec(v) for v in model.graph.output])
+
+
+def _spec(value: Any) -> TensorSpec:
+    import onnx
+
+    tensor = value.type.tensor_type
+    shape: list[int | str] = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
+    return TensorSpec(name=value.name, dtype=onnx.helper.tensor_dtype_to_np_dtype(tensor.elem_type).name, shape=shape)

@@ -1,0 +1,98 @@
+"""spec-export: model sources in, a pack directory out. Stages run in order, each files -> files:
+
+    resolve sources -> read model info -> vocabulary check -> plain graphs (torch, one process each)
+      -> draft_step.onnx / verify.onnx (graphs/) -> tokenizer -> manifest (deploy/)
+
+Everything is written into a staging directory beside the output and renamed into place at the end,
+so a failed export leaves no half-written pack.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from specpack.deploy.writer import write_pack_manifest
+from specpack.errors import SpecpackError
+from specpack.export.config import ExportConfig
+from specpack.export.model_info import ModelInfo, read_model_info
+from specpack.export.sources import resolve_source, source_record
+from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
+
+
+def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig = ExportConfig()) -> Path:
+    """Export a draft/target pair to a pack at `out`; returns `out`."""
+    out = Path(out)
+    if out.exists() and not config.overwrite:
+        raise SpecpackError(f"{out} already exists", expected="a new output path", found="an existing path",
+                            hint="choose another -o, or pass --overwrite")
+    draft_dir, target_dir = resolve_source(draft_src), resolve_source(target_src)
+    draft_info, target_info = read_model_info(draft_dir), read_model_info(target_dir)
+    from specpack.export.vocab import check_same_vocabulary
+
+    vocab_size = check_same_vocabulary(draft_dir, target_dir, draft_info.vocab_rows, target_info.vocab_rows)
+    max_len = config.resolve_max_len(draft_info.max_positions, target_info.max_positions)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        work = staging / "work"
+        work.mkdir()
+        for role, model_dir, graph_file in (("draft", draft_dir, DRAFT_STEP_FILE), ("target", target_dir, VERIFY_FILE)):
+            _log(f"exporting the {role} ({model_dir.name}) ...")
+            _run_stage(_export_one, config.isolate, model_dir, work / f"{role}.onnx", staging / graph_file,
+                       role, vocab_size, config.dtype)
+        shutil.rmtree(work)
+        from specpack.export.tokenizer_export import write_tokenizer
+
+        tokenizer = write_tokenizer(target_dir, staging)
+        write_pack_manifest(
+            staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
+            draft=(source_record(draft_src, draft_dir), draft_info), target=(source_record(target_src, target_dir), target_info),
+        )
+        _replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    _log(f"pack written to {out}")
+    return out
+
+
+def _export_one(model_dir: Path, plain: Path, graph_out: Path, role: str, vocab_size: int, dtype: str) -> None:
+    """Plain forward graph, then the head on top of it (the plain graph's weights move to the head graph)."""
+    from specpack.export.torch_export import export_plain_graph
+    from specpack.graphs.attach import build_draft_step_graph, build_verify_graph
+
+    export_plain_graph(model_dir, plain, dtype)
+    build = build_draft_step_graph if role == "draft" else build_verify_graph
+    build(plain, graph_out, vocab_size)
+
+
+def _run_stage(fn: object, isolate: bool, *args: object) -> None:
+    """Run a stage in a fresh process (its memory is returned when it ends) or in this one."""
+    if not isolate:
+        fn(*args)  # type: ignore[operator]
+        return
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as pool:  # exceptions (SpecpackError included) come back pickled
+        pool.apply(fn, args)  # type: ignore[arg-type]
+
+
+def _replace(staging: Path, out: Path) -> None:
+    if out.exists():
+        old = out.with_name(f".{out.name}.old")
+        out.rename(old)
+        staging.rename(out)
+        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+    else:
+        staging.rename(out)
+
+
+def _log(message: str) -> None:
+    print(f"[spec-export] {message}", file=sys.stderr, flush=True)
+
+
+__all__ = ["ExportConfig", "ModelInfo", "export_pack"]

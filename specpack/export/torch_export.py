@@ -1,0 +1,197 @@
+"""Hugging Face causal LM -> plain ONNX forward graph with explicit KV cache I/O (torch.onnx.export, dynamo).
+
+    input_ids       [B, S]  ─┐
+    position_ids    [B, S]  ─┤                                     ┌─> logits            [B, S, V]
+    attention_mask  [B, L+S]─┼─> PlainForward: DynamicCache(past)  ┤
+    past_key_values.{i}.key ─┤      -> model(..., use_cache=True)  └─> present.{i}.key   [B, kv_heads, L+S, head_dim]
+    past_key_values.{i}.value┘         (cache grows by concat)         present.{i}.value
+
+B, S and L are dynamic (dim_params batch_size, sequence_length, past_sequence_length; the mask's second dim is
+total_sequence_length); L = 0 is a prefill with an empty cache. Names come from specpack/names.py.
+torch and transformers are imported inside functions only.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specpack import names
+from specpack.errors import SpecpackError
+from specpack.export.model_info import SUPPORTED_FAMILIES, ModelInfo, read_model_info
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("fp32", "fp16")
+OPSET = 20  # pinned: torch's default opset differs between versions
+_ONNX_DTYPE = {"fp32": 1, "fp16": 10}  # onnx.TensorProto.FLOAT, FLOAT16
+# dim_params of the exported graph (optimum's names)
+BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+
+
+def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32") -> ModelInfo:
+    """Export `model_dir` to `out_onnx` plus one external data file `{out_onnx.name}.data` next to it."""
+    if dtype not in DTYPES:
+        raise SpecpackError(f"unsupported export dtype {dtype!r}", expected=f"one of {', '.join(DTYPES)}",
+                            found=repr(dtype), hint="fp32 for CPU; fp16 for GPUs")
+    model_dir, out_onnx = Path(model_dir), Path(out_onnx)
+    info = read_model_info(model_dir)
+    out_onnx.parent.mkdir(parents=True, exist_ok=True)
+    _log(f"exporting {out_onnx.stem} ({info.model_type}, {info.num_layers} layers, {dtype}) from {model_dir} ...")
+    start = time.perf_counter()
+
+    model = _load_model(model_dir, dtype)
+    program = _export(model, info, dtype)
+    del model
+    _save(program, out_onnx)
+    del program
+    gc.collect()
+
+    _check_graph(out_onnx, info, dtype)
+    size = (out_onnx.stat().st_size + _data_path(out_onnx).stat().st_size) / 2**20
+    _log(f"exported {out_onnx.stem} in {time.perf_counter() - start:.1f} s: {out_onnx} ({size:.0f} MiB)")
+    return info
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _data_path(out_onnx: Path) -> Path:
+    return out_onnx.with_name(f"{out_onnx.name}.data")
+
+
+def _load_model(model_dir: Path, dtype: str) -> torch.nn.Module:
+    """The model in eval mode, `dtype` weights, eager attention (smaller graph than sdpa's, same numbers)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="eager")
+    return model.eval()
+
+
+def _plain_forward(model: torch.nn.Module) -> torch.nn.Module:
+    """Wrap `model` as forward(input_ids, position_ids, attention_mask, *past) -> (logits, *present)."""
+    import inspect
+
+    import torch
+    from transformers import DynamicCache
+
+    # transformers 5.24 names the cache argument `cache`; earlier 5.x releases `past_key_values`
+    cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    class PlainForward(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            # past: key_0, value_0, key_1, ... each [B, kv_heads, L, head_dim]
+            # Full-attention layers for every model (no config): present = past + new, even for sliding-window
+            # models, whose window the attention mask still applies. Rollback stays "keep the first L entries".
+            cache = DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2], strict=True)))
+            out = self.lm(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                          use_cache=True, **{cache_arg: cache})
+            layers: list[Any] = list(cache.layers)  # updated in place by the model
+            presents = [t for layer in layers for t in (layer.keys, layer.values)]
+            return (out.logits, *presents)  # [B, S, V], [B, kv_heads, L+S, head_dim] ...
+
+    return PlainForward(model).eval()
+
+
+def _example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
+    """Tracing inputs; sizes 2, 3, 5 (never 0 or 1) so torch.export keeps every dim symbolic."""
+    import torch
+
+    batch, seq, past = 2, 3, 5
+    kv = (batch, info.kv_heads, past, info.head_dim)
+    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    return (
+        torch.zeros(batch, seq, dtype=torch.int64),  # input_ids       [B, S]
+        torch.arange(past, past + seq).repeat(batch, 1),  # position_ids    [B, S]
+        torch.ones(batch, past + seq, dtype=torch.int64),  # attention_mask  [B, L+S]
+        *[torch.zeros(kv, dtype=torch_dtype) for _ in range(2 * info.num_layers)],  # past  [B, H, L, D]
+    )
+
+
+def _export(model: torch.nn.Module, info: ModelInfo, dtype: str) -> Any:
+    """torch.onnx.export (dynamo) of the plain forward; returns the torch.onnx.ONNXProgram."""
+    import torch
+    from torch.export import Dim
+
+    batch, seq, past, total = Dim(BATCH), Dim(SEQ), Dim(PAST), Dim(TOTAL)
+    n_kv = 2 * info.num_layers
+    dynamic_shapes = ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: total}, tuple([{0: batch, 2: past}] * n_kv))
+    input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *names.kv_names(info.num_layers, "past")]
+    output_names = [names.LOGITS, *names.kv_names(info.num_layers, "present")]
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.filterwarnings("ignore", message=r".*axis name.*will not be used")  # one per shared Dim
+            warnings.filterwarnings("ignore", category=FutureWarning)  # torch-internal pytree deprecations
+            return torch.onnx.export(
+                _plain_forward(model), _example_inputs(info, dtype), input_names=input_names,
+                output_names=output_names, dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True,
+                optimize=True, verbose=False)
+    except Exception as e:  # torch.export and the ONNX translation raise many types; say which model failed
+        raise SpecpackError(f"torch.onnx.export failed for this {info.model_type} model",
+                            expected=f"a model torch.export can trace (tested: {', '.join(SUPPORTED_FAMILIES)})",
+                            found=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+                            hint="call export_plain_graph from Python to see the full traceback (chained as __cause__)") from e
+    finally:
+        registration.setLevel(level)
+
+
+def _save(program: Any, out_onnx: Path) -> None:
+    """Write out_onnx and its one external data file (location relative to the .onnx)."""
+    import onnx_ir as ir
+
+    data = _data_path(out_onnx)
+    data.unlink(missing_ok=True)  # never append to a stale file
+    # tensors under 1 KiB stay inline: ONNX Runtime's shape inference must read constant shapes and axes
+    ir.save(program.model, out_onnx, external_data=data.name, size_threshold_bytes=1024)
+
+
+def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str) -> None:
+    """The saved graph's I/O names, types and fixed dims are the contract's; weights live in one data file."""
+    import onnx
+
+    onnx.checker.check_model(str(out_onnx))  # by path: fine for graphs over 2 GB
+    model = onnx.load(str(out_onnx), load_external_data=False)
+    kv_in = (_ONNX_DTYPE[dtype], (BATCH, info.kv_heads, PAST, info.head_dim))
+    kv_out = (_ONNX_DTYPE[dtype], (BATCH, info.kv_heads, None, info.head_dim))  # None: the L+S expression
+    int64 = onnx.TensorProto.INT64
+    want_in: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
+        names.INPUT_IDS: (int64, (BATCH, SEQ)), names.POSITION_IDS: (int64, (BATCH, SEQ)),
+        names.ATTENTION_MASK: (int64, (BATCH, TOTAL)), **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
+    want_out: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
+        names.LOGITS: (_ONNX_DTYPE[dtype], (BATCH, SEQ, info.vocab_rows)),
+        **dict.fromkeys(names.kv_names(info.num_layers, "present"), kv_out)}
+    for kind, values, want in (("input", model.graph.input, want_in), ("output", model.graph.output, want_out)):
+        got = {v.name: (v.type.tensor_type.elem_type, tuple(d.dim_param or d.dim_value
+                                                             for d in v.type.tensor_type.shape.dim)) for v in values}
+        if list(got) != list(want):
+            raise SpecpackError(f"exported graph {out_onnx} has unexpected {kind} names",
+                                expected=", ".join(want), found=", ".join(got), hint="report this as a bug")
+        for name, (elem, dims) in want.items():
+            g_elem, g_dims = got[name]
+            if g_elem != elem or len(g_dims) != len(dims) or any(w not in (None, g) for w, g in zip(dims, g_dims, strict=True)):
+                raise SpecpackError(f"exported graph {out_onnx}: {kind} {name} has the wrong type or shape",
+                                    expected=f"elem_type {elem}, dims {dims}",
+                                    found=f"elem_type {g_elem}, dims {g_dims}", hint="report this as a bug")
+    locations = {entry.value for init in model.graph.initializer for entry in init.external_data
+                 if entry.key == "location"}
+    if locations != {_data_path(out_onnx).name}:
+        raise SpecpackError(f"exported graph {out_onnx} does not keep its weights in one external data file",
+                            expected=_data_path(out_onnx).name, found=", ".join(sorted(locations)) or "(none)",
+                            hint="report this as a bug")

@@ -1,0 +1,145 @@
+"""Attach a sampling head onto a plain forward graph: plain.onnx -> draft_step.onnx / verify.onnx.
+
+One order for every edit (onnx-graphsurgeon's): import -> edit -> cleanup -> toposort -> export.
+The plain graph is loaded without its weights (it may be far over 2 GB); its one external-data file is
+moved, not copied, next to the new graph, so the pack holds each model's weights once.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto
+
+from specpack import names
+from specpack.errors import SpecpackError
+from specpack.graphs.heads import AddHead, HeadIO, add_draft_head, add_verify_head, draft_head_io, verify_head_io
+from specpack.graphs.onnx_builder import GraphBuilder, Value
+
+MIN_OPSET = 18  # ReduceMax / ReduceMin take axes as an input from opset 18
+LOGITS_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+
+
+def build_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
+    """verify.onnx: the target forward + sampling transform + acceptance test (names.py, "Verify graph")."""
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_verify_head, verify_head_io(vocab_size))
+
+
+def build_draft_step_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
+    """draft_step.onnx: the draft forward + sampling transform + draw (names.py, "Draft step graph")."""
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_draft_head, draft_head_io(vocab_size))
+
+
+def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: HeadIO) -> None:
+    # import
+    model = onnx.load(str(plain), load_external_data=False)
+    graph = model.graph
+    opset, logits_type, model_vocab = _check_plain(model, plain, io, vocab_size)
+    # edit: logits [1, S, V_model] -> [1, S, vocab_size] -> head
+    b = GraphBuilder(opset)
+    logits: Value = names.LOGITS
+    if model_vocab != vocab_size:  # padded embedding rows (or a symbolic V): keep the tokenizer's ids
+        logits = b.slice(logits, 0, vocab_size, axis=2)
+    add_head(b, logits, logits_type, vocab_size)
+    clash = {o for node in b.nodes for o in node.output} & _value_names(graph)
+    if clash:
+        raise SpecpackError(f"{plain}: the graph already has values named like the head's",
+                            found=", ".join(sorted(clash)[:5]), hint="rename them in export/")
+    graph.node.extend(b.nodes)  # cleanup / toposort: the head only reads values made earlier, so appending
+    graph.input.extend(io.inputs)  # keeps the order; `logits` stays, as an internal value
+    kept = [o for o in graph.output if o.name != names.LOGITS]
+    del graph.output[:]
+    graph.output.extend([*io.outputs, *kept])
+    # export
+    data_file = _relocate_external_data(model, plain, out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save_model(model, str(out))
+    if data_file is not None:
+        _move(*data_file)
+    onnx.checker.check_model(str(out))
+
+
+def _check_plain(model: onnx.ModelProto, plain: Path, io: HeadIO, vocab_size: int) -> tuple[int, int, int | None]:
+    """The plain graph's default-domain opset, its logits' dtype and vocabulary size (None if symbolic)."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset < MIN_OPSET:
+        raise SpecpackError(f"{plain}: opset too old for the sampling heads", expected=f">= {MIN_OPSET}",
+                            found=str(opset), hint="export with torch.onnx.export(dynamo=True), opset 18+")
+    inputs = [i.name for i in model.graph.input]
+    outputs = {o.name: o for o in model.graph.output}
+    if names.LOGITS not in outputs or names.INPUT_IDS not in inputs:
+        raise SpecpackError(f"{plain}: not a plain forward graph", expected=f"input {names.INPUT_IDS!r}, "
+                            f"output {names.LOGITS!r}", found=f"inputs {inputs}, outputs {list(outputs)}")
+    taken = [i.name for i in io.inputs if i.name in inputs] + [o.name for o in io.outputs if o.name in outputs]
+    if taken:
+        raise SpecpackError(f"{plain}: already has the head's inputs or outputs", found=", ".join(taken))
+    tensor_type = outputs[names.LOGITS].type.tensor_type
+    if tensor_type.elem_type not in LOGITS_TYPES:
+        raise SpecpackError(f"{plain}: unsupported logits dtype", expected=" / ".join(LOGITS_TYPES.values()),
+                            found=TensorProto.DataType.Name(tensor_type.elem_type))
+    dims = tensor_type.shape.dim
+    model_vocab = dims[2].dim_value if len(dims) == 3 and dims[2].HasField("dim_value") else None
+    if model_vocab is not None and model_vocab < vocab_size:
+        raise SpecpackError(f"{plain}: logits narrower than the vocabulary", expected=f">= {vocab_size}",
+                            found=str(model_vocab))
+    return opset, tensor_type.elem_type, model_vocab
+
+
+def _value_names(graph: onnx.GraphProto) -> set[str]:
+    """Every value name of a graph (inputs, initializers, node outputs), subgraphs included."""
+    found = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    for node in graph.node:
+        found.update(node.output)
+        for attr in node.attribute:
+            for sub in [attr.g, *attr.graphs] if attr.HasField("g") else attr.graphs:
+                found |= _value_names(sub)
+    return found
+
+
+def _tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Initializers and attribute tensors (Constant values), subgraphs included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.HasField("t"):
+                yield attr.t
+            yield from attr.tensors
+            for sub in [attr.g, *attr.graphs] if attr.HasField("g") else attr.graphs:
+                yield from _tensors(sub)
+
+
+def _relocate_external_data(model: onnx.ModelProto, plain: Path, out: Path) -> tuple[Path, Path] | None:
+    """Point every external tensor at `<out.name>.data` next to `out`; returns (from, to) for the move."""
+    external = [t for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL]
+    locations = {e.value for t in external for e in t.external_data if e.key == "location"}
+    if not locations:
+        return None
+    if len(locations) > 1:
+        raise SpecpackError(f"{plain}: weights are spread over several external-data files",
+                            expected="one file", found=", ".join(sorted(locations)))
+    src = plain.parent / locations.pop()
+    if not src.is_file():
+        raise SpecpackError(f"{plain}: external-data file missing", expected=str(src), found="no such file")
+    dst_name = f"{out.name}.data"
+    for tensor in external:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                entry.value = dst_name
+    return src, out.parent / dst_name
+
+
+def _move(src: Path, dst: Path) -> None:
+    """Rename (no copy); across file systems fall back to shutil.move."""
+    if src.resolve() == dst.resolve():
+        return
+    try:
+        os.replace(src, dst)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        shutil.move(str(src), str(dst))

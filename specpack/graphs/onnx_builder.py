@@ -1,0 +1,93 @@
+"""A tiny node builder on top of onnx.helper: unique value names, constants and `If` branches.
+
+Every value a builder makes is named `<prefix><op>_<n>` from one counter shared with its branch builders,
+so nodes can be appended to an exported graph without clashing with its names.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# A value reference: its name. Builders pass names around, never protos.
+Value = str
+
+# Slice "to the end" (ONNX clamps ends to the dimension).
+INT64_MAX = np.iinfo(np.int64).max
+
+
+class GraphBuilder:
+    """Collects the nodes of one graph (or one `If` branch) in topological order."""
+
+    def __init__(self, opset: int, prefix: str = "specpack/", _counter: itertools.count[int] | None = None):
+        self.opset = opset
+        self.prefix = prefix
+        self.nodes: list[onnx.NodeProto] = []
+        self._counter = _counter if _counter is not None else itertools.count()
+
+    def fresh(self, hint: str) -> Value:
+        """A new unique value name."""
+        return f"{self.prefix}{hint}_{next(self._counter)}"
+
+    def op(self, op_type: str, *inputs: Value, outputs: int = 1, **attrs: Any) -> Any:
+        """Add one node; returns its output name, or a list of names when `outputs` > 1."""
+        names = [self.fresh(op_type.lower()) for _ in range(outputs)]
+        node = helper.make_node(op_type, list(inputs), names, name=self.fresh(op_type), **attrs)
+        self.nodes.append(node)
+        return names[0] if outputs == 1 else names
+
+    def const(self, value: npt.ArrayLike, dtype: npt.DTypeLike = np.int64) -> Value:
+        """A Constant node holding `value` (a scalar stays 0-d; a list becomes 1-d)."""
+        array = np.asarray(value, dtype=dtype)
+        return self.op("Constant", value=numpy_helper.from_array(array))
+
+    def if_(self, cond: Value, then_fn: Callable[[GraphBuilder], Sequence[Value]],
+            else_fn: Callable[[GraphBuilder], Sequence[Value]], out_types: Sequence[int],
+            out_names: Sequence[str] | None = None) -> list[Value]:
+        """An `If` node whose branches are built by `then_fn` / `else_fn` on fresh branch builders.
+
+        Each branch returns its output values; an outer-scope value passes through an Identity (a copy),
+        as a branch output must be produced inside the branch. `out_types` are their dtypes; `out_names`
+        names the If's outputs (graph outputs' contract names), fresh names otherwise.
+        """
+        branches = []
+        for label, fn in (("then", then_fn), ("else", else_fn)):
+            sub = GraphBuilder(self.opset, self.prefix, self._counter)
+            values = fn(sub)
+            made = {o for node in sub.nodes for o in node.output}
+            results = [v if v in made else sub.op("Identity", v) for v in values]
+            if len(results) != len(out_types):
+                raise ValueError(f"{label} branch gave {len(results)} outputs, expected {len(out_types)}")
+            outs = [helper.make_tensor_value_info(r, t, None) for r, t in zip(results, out_types, strict=True)]
+            branches.append(helper.make_graph(sub.nodes, self.fresh(label), [], outs))
+        names = list(out_names) if out_names is not None else [self.fresh("if") for _ in out_types]
+        node = helper.make_node("If", [cond], names, name=self.fresh("If"),
+                                then_branch=branches[0], else_branch=branches[1])
+        self.nodes.append(node)
+        return names
+
+    # Small conveniences used by every head: slicing one axis and reducing with axes as an input.
+
+    def slice(self, x: Value, start: Value | int, end: Value | int, axis: int) -> Value:
+        """x[start:end] along `axis`; start / end are ints or int64 [1] values."""
+        s = self.const([start]) if isinstance(start, int) else start
+        e = self.const([end]) if isinstance(end, int) else end
+        return self.op("Slice", x, s, e, self.const([axis]))
+
+    def reduce(self, op_type: str, x: Value, axis: int, keepdims: bool = True) -> Value:
+        """ReduceSum / ReduceMax / ReduceMin over one axis (axes as an input: opset 18+)."""
+        return self.op(op_type, x, self.const([axis]), keepdims=int(keepdims))
+
+
+def tensor_info(name: str, elem_type: int, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:
+    """`helper.make_tensor_value_info`, re-exported so callers import one module."""
+    return helper.make_tensor_value_info(name, elem_type, shape)
+
+
+FLOAT, INT64, DOUBLE, BOOL = TensorProto.FLOAT, TensorProto.INT64, TensorProto.DOUBLE, TensorProto.BOOL

@@ -1,0 +1,69 @@
+"""Names of every graph input and output: the contract between export/, graphs/, deploy/ and runtime/.
+
+Graphs are bound by these names, never by position.
+
+Plain forward graph (export/, optimum convention), batch B = 1 in practice:
+    input_ids                      int64 [B, S]
+    position_ids                   int64 [B, S]
+    attention_mask                 int64 [B, L + S]
+    past_key_values.{i}.key|value  dtype [B, kv_heads, L, head_dim]
+    -> logits                      dtype [B, S, V]
+    -> present.{i}.key|value       dtype [B, kv_heads, L + S, head_dim]
+
+Draft step graph (graphs/draft_step.onnx): the plain inputs, plus the sampling inputs below
+    -> token                       int64 [1]       drawn from the last position
+    -> probs                       fp32  [1, V]    q: exactly the distribution `token` was drawn from
+    -> present.*
+
+Verify graph (graphs/verify.onnx): the plain inputs, where input_ids ends with the k draft tokens, plus
+    draft_probs                    fp32  [1, k, V] q of each draft token (k = 0: prefill / plain AR step)
+    uniforms                       fp32  [1, k+1]  u_1..u_k for the acceptance tests, u_{k+1} for the next draw
+    and the sampling inputs below
+    -> n_accepted                  int64 [1]       number of leading draft tokens accepted
+    -> next_token                  int64 [1]       correction at the first rejection, or the bonus token
+    -> present.*                   (the caller keeps the first L + S - k + n_accepted positions)
+
+Sampling inputs (both graphs); temperature 0 is greedy:
+    temperature                    fp32  [1]
+    top_k                          int64 [1]       0 disables
+    top_p                          fp32  [1]       1.0 disables
+    uniform                        fp32  [1]       (draft step only) the draw's uniform number
+"""
+
+from __future__ import annotations
+
+INPUT_IDS = "input_ids"
+POSITION_IDS = "position_ids"
+ATTENTION_MASK = "attention_mask"
+LOGITS = "logits"
+
+TEMPERATURE = "temperature"
+TOP_K = "top_k"
+TOP_P = "top_p"
+UNIFORM = "uniform"
+TOKEN = "token"
+PROBS = "probs"
+
+DRAFT_PROBS = "draft_probs"
+UNIFORMS = "uniforms"
+N_ACCEPTED = "n_accepted"
+NEXT_TOKEN = "next_token"
+
+DRAFT_STEP_FILE = "draft_step.onnx"
+VERIFY_FILE = "verify.onnx"
+
+
+def past_name(layer: int, kind: str) -> str:
+    """`past_key_values.{layer}.key` or `.value`."""
+    return f"past_key_values.{layer}.{kind}"
+
+
+def present_name(layer: int, kind: str) -> str:
+    """`present.{layer}.key` or `.value`."""
+    return f"present.{layer}.{kind}"
+
+
+def kv_names(num_layers: int, prefix: str) -> list[str]:
+    """All cache names in layer order, key before value; prefix is "past" or "present"."""
+    make = past_name if prefix == "past" else present_name
+    return [make(i, kind) for i in range(num_layers) for kind in ("key", "value")]
