@@ -1,11 +1,12 @@
 """What in-graph sampling adds to the heads on the CPU, against greedy and against a real verify step.
 
 The verify head at k = 4 (5 positions) and the draft head (1 position) over V = 151,936 (Qwen2.5), alone
-on ONNX Runtime's CPU EP: greedy, then temperature 0.7, top-k 50, top-p 0.9 each alone and all three.
-Overheads are medians over rounds that run every case once, in turn (shared machines drift). They are
-compared with the measured fp32 verify step of the 1.5B target (196 ms) and draft step of the 0.5B
-draft (67 ms) on the 2-core CPU (DESIGN.md). "broad" and "flat" logits (top-1024 mass below top_p) show
-the cost of top-p's fallback to a larger candidate set and to a full sort.
+and built for that V as attach.py builds them, on ONNX Runtime's CPU EP: greedy, then temperature 0.7,
+top-k 50, top-p 0.9 each alone and all three. Overheads are medians over rounds that run every case once,
+in turn (shared machines drift). They are compared with the measured fp32 verify step of the 1.5B target
+(196 ms) and draft step of the 0.5B draft (67 ms) on the 2-core CPU (DESIGN.md). "broad" and "flat"
+logits (top-1024 mass below top_p) show the cost of top-p's fallback to a larger candidate set and to a
+full sort.
 
     python bench/sampling_overhead.py [--rounds 40] [--threads 2] [--out bench/results/sampling_overhead.json]
 """
@@ -113,8 +114,8 @@ def main() -> None:
         "load_average_before": os.getloadavg(),
         "reference_ms": {"verify_1.5b_fp32": VERIFY_MS, "draft_0.5b_fp32": DRAFT_MS},
     }
-    for head, rows, step_ms, model in (("verify", K + 1, VERIFY_MS, heads.verify_head_model()),
-                                        ("draft", 1, DRAFT_MS, heads.draft_head_model())):
+    for head, rows, step_ms, model in (("verify", K + 1, VERIFY_MS, heads.verify_head_model(vocab=VOCAB)),
+                                        ("draft", 1, DRAFT_MS, heads.draft_head_model(vocab=VOCAB))):
         session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
         all_feeds = {name: feeds(name, rows, rng, head == "verify") for name in CASES}
         table = summarize(measure(session, all_feeds, args.rounds), step_ms)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from specpack import __version__
+from specpack.cli.bench_cmd import bench_command
 from specpack.cli.export_cmd import export_command
+from specpack.cli.fetch_cmd import fetch_command
 from specpack.cli.generate_cmd import generate_command
 from specpack.cli.pack_cmds import inspect_command, verify_command
 
@@ -13,12 +15,14 @@ from specpack.cli.pack_cmds import inspect_command, verify_command
 @click.group()
 @click.version_option(__version__, prog_name="specpack")
 def cli() -> None:
-    """specpack: compiled speculative decoding (export, generate, bench, inspect, verify)."""
+    """specpack: compiled speculative decoding (fetch, export, generate, bench, inspect, verify)."""
 
 
 cli.add_command(export_command)
 cli.add_command(generate_command)
 cli.add_command(inspect_command)
 cli.add_command(verify_command)
+cli.add_command(bench_command)
+cli.add_command(fetch_command)
 
 spec_export = export_command  # `spec-export --draft D --target T -o PACK` is `specpack export`

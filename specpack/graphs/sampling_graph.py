@@ -115,12 +115,15 @@ def top_p_cutoff(b: GraphBuilder, x: Value, e: Value, kth: Value, top_p: Value, 
 
     Exact without a full sort: the cumsum over a row's K largest logits is a prefix of the cumsum over
     its full descending order, so the cutoff lies among them whenever their mass reaches top_p (keeping
-    every logit >= cutoff over the full vocabulary then keeps ties outside them too). `first` is the
-    first candidate list (sorted_top of x); the TOP_P_TIERS and V follow only while some row falls short.
+    every logit >= cutoff over the full vocabulary then keeps ties outside them too). When the last
+    candidate has no mass (below the k-th logit, or exp underflow), neither has anything after it: the
+    cutoff may then differ from the oracle's, but only among tokens without mass, so the distribution
+    is the same. `first` is the first candidate list (sorted_top of x); the TOP_P_TIERS and V follow only
+    while some row falls short.
 
         e_k = e * (x >= kth);  s = fsum(e_k)                                [N,V], [N,1]
         cum = CumSum(e_k[candidates] / s)                                   [N,K] inclusive
-        If min over rows(cum[:, -1]) >= top_p or K == V:  (candidates, cum)
+        If every row has cum[-1] >= top_p or no mass at its last candidate, or K == V:  (candidates, cum)
         else:  next tier: sorted_top(x, min(V, K')), ...                    until K' = V
         c = min(count(cum < top_p), K - 1);  cutoff = candidates[c]         [N,1]
     """
@@ -129,12 +132,16 @@ def top_p_cutoff(b: GraphBuilder, x: Value, e: Value, kth: Value, top_p: Value, 
     v = vocab_size(b, x, vocab)  # [1]
 
     def tier(sub: GraphBuilder, values: Value, indices: Value, rest: Sequence[int]) -> list[Value]:
-        cum = sub.op("CumSum", sub.op("Div", sub.op("GatherElements", e_k, indices, axis=-1), s), sub.const(-1))
+        probs = sub.op("Div", sub.op("GatherElements", e_k, indices, axis=-1), s)  # [N, K]
+        cum = sub.op("CumSum", probs, sub.const(-1))  # [N, K]
         if not rest:  # the whole vocabulary
             return [values, cum]
-        mass = sub.reduce("ReduceMin", sub.slice(cum, -1, INT64_MAX, axis=-1), axis=0)  # [1, 1] smallest row
+        covered = sub.op("GreaterOrEqual", sub.slice(cum, -1, INT64_MAX, axis=-1), top_p)  # [N, 1]
+        exhausted = sub.op("Equal", sub.slice(probs, -1, INT64_MAX, axis=-1), sub.const(0.0, np.float32))  # [N, 1]
+        rows_done = sub.op("Cast", sub.op("Or", covered, exhausted), to=FLOAT)  # [N, 1]
+        all_rows = sub.op("Equal", sub.op("ReduceMin", rows_done, keepdims=0), sub.const(1.0, np.float32))  # []
         whole = sub.op("GreaterOrEqual", sub.op("Shape", values, start=-1), v)  # [1]
-        done = sub.op("Or", sub.op("Reshape", sub.op("GreaterOrEqual", mass, top_p), sub.const([1])), whole)
+        done = sub.op("Or", all_rows, whole)  # [1]
 
         def next_tier(sub2: GraphBuilder) -> list[Value]:
             if rest[0] == 0:  # the whole vocabulary: one sorted TopK
@@ -155,17 +162,21 @@ def keep_threshold(b: GraphBuilder, x: Value, e: Value, top_k: Value, top_p: Val
                    top_p_on: Value, vocab: int | None) -> Value:
     """The smallest logit kept by top-k and top-p together (one of them on), per row: [N, V] -> [N, 1].
 
-        candidates = sorted_top(x, top-k on ? top_k : min(V, 1024))              [N,K]
-        kth = top-k on ? candidates[:, -1] : -inf                                [N,1]
+        candidates = sorted_top(x, top-k on ? top_k + 1 : min(V, 1024))          [N,K]
+        kth = top-k on ? candidates[:, top_k - 1] : -inf                         [N,1]
         If top-p on:  max(kth, top_p_cutoff(x, e, kth, candidates))              full sort only if short
         else:         kth
+
+    With top-k on, the one candidate past the k-th (no mass unless tied with it) lets top-p stop there.
     """
-    on = b.op("Cast", top_k_on, to=INT64)  # [1] 1 / 0: k = on ? top_k : min(V, first tier)
+    on = b.op("Cast", top_k_on, to=INT64)  # [1] 1 / 0
     first_tier = b.op("Min", vocab_size(b, x, vocab), b.const([TOP_P_TIERS[0]]))
-    k = b.op("Add", b.op("Mul", on, top_k), b.op("Mul", b.op("Sub", b.const([1]), on), first_tier))
+    k = b.op("Add", b.op("Mul", on, b.op("Add", top_k, b.const([1]))),
+             b.op("Mul", b.op("Sub", b.const([1]), on), first_tier))  # [1] on ? top_k + 1 : min(V, C)
     candidates = sorted_top(b, x, k)  # [N, k]
-    neg_inf = b.const([[-np.inf]], np.float32)  # [1, 1]
-    kth = b.op("Where", top_k_on, b.slice(candidates[0], -1, INT64_MAX, axis=-1), neg_inf)  # [N, 1]
+    kth_at = b.op("Mul", on, b.op("Sub", top_k, b.const([1])))  # [1] top_k - 1 (0 when off: unused)
+    kth = b.slice(candidates[0], kth_at, b.op("Add", kth_at, b.const([1])), axis=-1)  # [N, 1]
+    kth = b.op("Where", top_k_on, kth, b.const([[-np.inf]], np.float32))  # [N, 1]
 
     def with_top_p(sub: GraphBuilder) -> list[Value]:
         return [sub.op("Max", kth, top_p_cutoff(sub, x, e, kth, top_p, candidates, vocab))]

@@ -10,7 +10,10 @@ from typing import Protocol
 
 
 class DraftEngine(Protocol):
-    kv_length: int  # positions of ids already in this model's cache
+    @property
+    def kv_length(self) -> int:
+        """Positions of ids already in this model's cache."""
+        ...
 
     def propose(self, end: int, slot: int) -> int:
         """Run the draft over ids[kv_length:end] (S >= 1), draw from the last position with
@@ -25,7 +28,8 @@ class DraftEngine(Protocol):
 
 
 class TargetEngine(Protocol):
-    kv_length: int
+    @property
+    def kv_length(self) -> int: ...
 
     def verify(self, end: int, k: int) -> tuple[int, int]:
         """Run the target over ids[kv_length:end], whose last k tokens are drafts with q in

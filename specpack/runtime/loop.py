@@ -19,22 +19,20 @@ from specpack.runtime.stats import DecodeStats
 OnTokens = Callable[[list[int]], None]
 
 
-def generate_tokens(draft: DraftEngine | None, target: TargetEngine, buffers: DecodeBuffers,
+def generate_tokens(draft: DraftEngine, target: TargetEngine, buffers: DecodeBuffers,
                     prompt: Sequence[int], max_new_tokens: int, k: int, eos_ids: frozenset[int],
                     rng: np.random.Generator | None, on_tokens: OnTokens | None = None) -> tuple[list[int], DecodeStats]:
-    """Generate up to max_new_tokens after `prompt` (k = 0 or no draft: autoregressive target alone).
+    """Generate up to max_new_tokens after `prompt` (k = 0: the target alone, autoregressive).
 
     rng is None for greedy decoding (the graphs ignore the uniforms). Returns the new tokens, ending
     with the eos id when one ended generation, and the statistics.
     """
-    k = k if draft is not None else 0
     stats = DecodeStats(k=k)
     ids = buffers.ids[0]  # [max_len + k_max + 1]
     n_ctx = len(prompt)
     ids[:n_ctx] = prompt
     target.rollback(0)
-    if draft is not None:
-        draft.rollback(0)
+    draft.rollback(0)
     out: list[int] = []
     t0 = time.perf_counter()
 
@@ -43,8 +41,10 @@ def generate_tokens(draft: DraftEngine | None, target: TargetEngine, buffers: De
         buffers.draw_uniforms(rng, 0)
     _, token = target.verify(end=n_ctx, k=0)
     ids[n_ctx] = token
-    n_ctx += 1
     done = _emit([token], out, eos_ids, max_new_tokens, on_tokens)
+    if k > 0 and not done:
+        draft.propose(end=n_ctx, slot=0)  # the draft's prefill belongs to the first token's time too
+    n_ctx += 1
     t_first = time.perf_counter()
     stats.ttft_s = t_first - t0
 
@@ -54,7 +54,6 @@ def generate_tokens(draft: DraftEngine | None, target: TargetEngine, buffers: De
         if rng is not None:
             buffers.draw_uniforms(rng, k_step)
         for i in range(k_step):
-            assert draft is not None
             ids[n_ctx + i] = draft.propose(end=n_ctx + i, slot=i)
         # 3. Verify the last committed token and the drafts in one target pass.
         n_accepted, token = target.verify(end=n_ctx + k_step, k=k_step)
@@ -62,8 +61,7 @@ def generate_tokens(draft: DraftEngine | None, target: TargetEngine, buffers: De
         # 4. Commit the accepted drafts (already in place) and the next token; roll both caches back.
         ids[n_ctx + n_accepted] = token
         target.rollback(n_ctx + n_accepted)
-        if draft is not None:
-            draft.rollback(min(draft.kv_length, n_ctx + n_accepted))
+        draft.rollback(min(draft.kv_length, n_ctx + n_accepted))
         new = ids[n_ctx : n_ctx + n_accepted + 1].tolist()
         n_ctx += n_accepted + 1
         done = _emit(new, out, eos_ids, max_new_tokens, on_tokens)

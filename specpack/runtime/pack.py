@@ -88,7 +88,7 @@ class Pack:
                     if text := stream.push(token):
                         on_text(text)
 
-        tokens, stats = generate_tokens(self.draft if k > 0 else None, self.target, self.buffers, ids,
+        tokens, stats = generate_tokens(self.draft, self.target, self.buffers, ids,
                                         max_new_tokens, k, self.eos_ids, rng, on_tokens)
         if stream is not None and on_text is not None and (rest := stream.flush()):
             on_text(rest)

@@ -53,6 +53,7 @@ class DecodeStats:
         per_position = [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)]
         return {
             "alpha": self.alpha, "tau": self.tau, "steps": self.steps, "proposed": self.proposed,
-            "accepted": self.accepted, "per_position": per_position, "tokens_per_s": self.tokens_per_s,
+            "accepted": self.accepted, "per_position": per_position,
+            "proposed_at": list(self.proposed_at), "accepted_at": list(self.accepted_at), "tokens_per_s": self.tokens_per_s,
             "k": self.k, "new_tokens": self.new_tokens, "ttft_s": self.ttft_s, "decode_s": self.decode_s,
         }

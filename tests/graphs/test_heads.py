@@ -38,16 +38,18 @@ def _vocab(rng: np.random.Generator) -> int:
 
 
 def _needs_later_tier(logits: np.ndarray, params: SamplingParams) -> bool:
-    """Whether the first top-p candidate list of some row holds less than top_p (the If takes the later tiers)."""
+    """Whether top-p goes past its first candidate list (sampling_graph.top_p_cutoff's If) for these logits."""
     if params.greedy or params.top_p >= 1.0:
         return False
     x = logits / F32(params.temperature)  # [N, V]
     e = oracle.exp32(x - x.max(axis=-1, keepdims=True))
     e = np.where(x >= oracle.top_k_threshold(x, params.top_k), e, F32(0.0))
-    cum = np.cumsum(-np.sort(-(e / oracle.fsum(e)), axis=-1), axis=-1, dtype=F32)  # [N, V]
+    probs = -np.sort(-(e / oracle.fsum(e)), axis=-1)  # [N, V] descending
+    cum = np.cumsum(probs, axis=-1, dtype=F32)  # [N, V]
     vocab = x.shape[-1]
-    first = params.top_k if 0 < params.top_k < vocab else min(vocab, TOP_P_TIERS[0])
-    return first < vocab and bool((cum[:, first - 1] < F32(params.top_p)).any())
+    first = params.top_k + 1 if 0 < params.top_k < vocab else min(vocab, TOP_P_TIERS[0])
+    done = (cum[:, first - 1] >= F32(params.top_p)) | (probs[:, first - 1] == 0)
+    return first < vocab and not done.all()
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -79,11 +79,11 @@ def test_draft_catches_up_after_full_acceptance() -> None:
 
 def test_autoregressive_without_draft() -> None:
     table = _table(5)
-    _, target, buffers = _engines(table, table)
+    draft, target, buffers = _engines(table, table)
     buffers.set_sampling(SamplingParams())
-    tokens, stats = generate_tokens(None, target, buffers, [7], 20, 4, frozenset(), None)
+    tokens, stats = generate_tokens(draft, target, buffers, [7], 20, 0, frozenset(), None)
     assert tokens == _greedy_reference(table, [7], 20, frozenset())
-    assert stats.proposed == 0 and stats.steps == 19
+    assert stats.proposed == 0 and stats.steps == 19 and draft.calls == 0
 
 
 def test_seeded_sampling_is_reproducible() -> None:
