@@ -2,6 +2,7 @@
 
     tiny_pairs(family, draft="small", head_dim=12, max_positions=256, pad_rows=0) -> (draft_dir, target_dir)
     tiny_plain_graph(family, role="target", dtype="fp32", **pair options)       -> plain .onnx path (export/)
+    tiny_pack(family, draft="small", k=8, max_len=None, **pair options)        -> (pack_dir, draft_dir, target_dir)
 
 torch and transformers are imported inside the fixtures only.
 """
@@ -54,6 +55,26 @@ def tiny_plain_graph(tiny_pairs: PairFactory, tmp_path_factory: pytest.TempPathF
             out = tmp_path_factory.mktemp(f"plain-{family}-{role}-{dtype}") / f"{role}.onnx"
             export_plain_graph(target_dir if role == "target" else draft_dir, out, dtype)
             built[key] = out
+        return built[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_pack(tiny_pairs: PairFactory, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path, Path]]:
+    """(family, draft="small", k=8, max_len=None, **pair) -> (pack_dir, draft_dir, target_dir)."""
+    built: dict[tuple[object, ...], tuple[Path, Path, Path]] = {}
+
+    def make(family: str, draft: str = "small", k: int = 8, max_len: int | None = None,
+             **pair: int) -> tuple[Path, Path, Path]:
+        key = (family, draft, k, max_len, *sorted(pair.items()))
+        if key not in built:
+            from specpack.export.pipeline import ExportConfig, export_pack
+
+            draft_dir, target_dir = tiny_pairs(family, draft, **pair)
+            out = tmp_path_factory.mktemp(f"pack-{family}-{draft}") / "pack"
+            export_pack(str(draft_dir), str(target_dir), out, ExportConfig(k=k, max_len=max_len, isolate=False))
+            built[key] = (out, draft_dir, target_dir)
         return built[key]
 
     return make

@@ -30,6 +30,11 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     return prompt
 
 
+def _print_piece(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 @click.command("generate")
 @click.argument("pack", type=click.Path(path_type=Path))
 @click.option("--prompt", default=None, help="Prompt text.")
@@ -52,7 +57,7 @@ def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, m
     if k is not None and not 1 <= k <= 16:
         raise SpecpackError("invalid --k", expected="an integer in 1..16", found=str(k))
     loaded = specpack.load(pack)
-    on_text = None if as_json else (lambda piece: (sys.stdout.write(piece), sys.stdout.flush()))
+    on_text = None if as_json else _print_piece
     out = loaded.generate(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                           chat=chat, on_text=on_text)
     if as_json:

@@ -7,6 +7,7 @@ hashes everything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -58,7 +59,5 @@ def _read_stamp(pack_dir: Path) -> dict[str, list[object]]:
 
 
 def _write_stamp(pack_dir: Path, stamp: dict[str, list[object]]) -> None:
-    try:  # a read-only pack is fine: the next load hashes again
+    with contextlib.suppress(OSError):  # a read-only pack is fine: the next load hashes again
         (pack_dir / STAMP_FILE).write_text(json.dumps(stamp))
-    except OSError:
-        pass

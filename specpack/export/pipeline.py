@@ -23,8 +23,9 @@ from specpack.export.sources import resolve_source, source_record
 from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
 
 
-def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig = ExportConfig()) -> Path:
+def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig | None = None) -> Path:
     """Export a draft/target pair to a pack at `out`; returns `out`."""
+    config = config or ExportConfig()
     out = Path(out)
     if out.exists() and not config.overwrite:
         raise SpecpackError(f"{out} already exists", expected="a new output path", found="an existing path",

@@ -37,10 +37,10 @@ class _OrtModel:
             names.TEMPERATURE: b.temperature,
             names.TOP_K: b.top_k,
             names.TOP_P: b.top_p,
-            **dict(zip(self._past_names, self.cache.past())),     # [1, H, L, D] each
+            **dict(zip(self._past_names, self.cache.past(), strict=True)),     # [1, H, L, D] each
             **extra_inputs,
         }
-        outputs = {**dict(zip(self._present_names, self.cache.present(end))), **extra_outputs}
+        outputs = {**dict(zip(self._present_names, self.cache.present(end), strict=True)), **extra_outputs}
         self.graph.run(inputs, outputs)
         self.cache.advance(end, keep=end)
 

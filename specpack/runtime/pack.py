@@ -51,7 +51,8 @@ class Pack:
     def _model(self, entry: ModelEntry, threads: int | None) -> tuple[OrtGraph, ConcatKVCache, DecodeBuffers, int]:
         graph = OrtGraph(self.path / entry.graph.path, threads=threads)
         dtype = np.float16 if entry.dtype == "fp16" else np.float32
-        cache = ConcatKVCache(2 * entry.num_layers, entry.kv_heads, entry.head_dim, self.manifest.max_len + self.manifest.k_max + 1, np.dtype(dtype))
+        capacity = self.manifest.max_len + self.manifest.k_max + 1
+        cache = ConcatKVCache(2 * entry.num_layers, entry.kv_heads, entry.head_dim, capacity, np.dtype(dtype))
         return graph, cache, self.buffers, entry.num_layers
 
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:

@@ -50,7 +50,7 @@ class DecodeStats:
         return decoded / self.decode_s if decoded > 0 and self.decode_s > 0 else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        per_position = [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at)]
+        per_position = [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at, strict=True)]
         return {
             "alpha": self.alpha, "tau": self.tau, "steps": self.steps, "proposed": self.proposed,
             "accepted": self.accepted, "per_position": per_position,

@@ -1,0 +1,132 @@
+"""Each bad input exits non-zero with a message that says what was expected and what was found."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from specpack.cli.main import cli, spec_export
+
+
+def _run(args: list[str], command=cli) -> tuple[int, str]:
+    result = CliRunner().invoke(command, args)
+    return result.exit_code, result.output + (result.stderr if result.stderr_bytes else "")
+
+
+def _assert_error(code: int, text: str, *fragments: str) -> None:
+    assert code != 0, text
+    assert "Traceback" not in text
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def test_missing_model_path(tmp_path: Path) -> None:
+    code, text = _run(["--draft", str(tmp_path / "nope"), "--target", str(tmp_path / "nope2"), "-o", str(tmp_path / "p")],
+                      spec_export)
+    _assert_error(code, text, "does not exist", "expected", "found")
+    assert not (tmp_path / "p").exists()
+
+
+def test_not_a_causal_lm(tmp_path: Path, tiny_pairs) -> None:
+    from transformers import BertConfig
+
+    bert = tmp_path / "bert"
+    config = BertConfig(vocab_size=99, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16)
+    config.save_pretrained(bert)
+    _, target = tiny_pairs("qwen2")
+    code, text = _run(["--draft", str(bert), "--target", str(target), "-o", str(tmp_path / "p")], spec_export)
+    _assert_error(code, text, "bert", "expected", "found")
+
+
+def test_mismatched_tokenizers(tmp_path: Path, tiny_pairs) -> None:
+    gpt2_draft, _ = tiny_pairs("gpt2")
+    _, qwen_target = tiny_pairs("qwen2")
+    code, text = _run(["--draft", str(gpt2_draft), "--target", str(qwen_target), "-o", str(tmp_path / "p")], spec_export)
+    _assert_error(code, text, "id ", "draft", "target")
+    assert not (tmp_path / "p").exists() and not list(tmp_path.glob(".p.partial-*"))
+
+
+@pytest.mark.parametrize("k", ["0", "17", "-1"])
+def test_export_k_out_of_range(tmp_path: Path, tiny_pairs, k: str) -> None:
+    draft, target = tiny_pairs("qwen2")
+    code, text = _run(["--draft", str(draft), "--target", str(target), "-o", str(tmp_path / "p"), "--k", k], spec_export)
+    _assert_error(code, text, "1..16", k)
+
+
+def test_max_len_above_position_limit(tmp_path: Path, tiny_pairs) -> None:
+    draft, target = tiny_pairs("qwen2")
+    code, text = _run(["--draft", str(draft), "--target", str(target), "-o", str(tmp_path / "p"), "--max-len", "100000"],
+                      spec_export)
+    _assert_error(code, text, "--max-len", "256", "100000")
+
+
+@pytest.fixture(scope="module")
+def pack(tiny_pack) -> Path:
+    return tiny_pack("qwen2", "noisy")[0]
+
+
+@pytest.mark.parametrize("k", ["0", "17"])
+def test_generate_k_out_of_range(pack: Path, k: str) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "hi", "--k", k])
+    _assert_error(code, text, "1..16", k)
+
+
+def test_prompt_longer_than_max_len(pack: Path) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "def add(a, b): " * 40, "--max-new-tokens", "200"])
+    _assert_error(code, text, "max length", "expected", "found")
+
+
+def test_empty_prompt(pack: Path, tmp_path: Path) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", ""])
+    _assert_error(code, text, "empty prompt")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n")
+    code, text = _run(["generate", str(pack), "--prompt-file", str(empty)])
+    _assert_error(code, text, "empty prompt")
+
+
+def test_missing_pack(tmp_path: Path) -> None:
+    code, text = _run(["generate", str(tmp_path / "nope"), "--prompt", "hi"])
+    _assert_error(code, text, "no pack", "expected", "found")
+
+
+@pytest.mark.parametrize("flag", [["--temperature", "-1"], ["--top-p", "0"], ["--top-p", "1.5"], ["--top-k", "-3"],
+                                  ["--temperature", "nan"]])
+def test_invalid_sampling_parameters(pack: Path, flag: list[str]) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "hi", *flag])
+    _assert_error(code, text, flag[0].lstrip("-").replace("-", "_"), "expected", "found")
+
+
+def test_corrupted_pack_file_is_caught_before_loading(pack: Path, tmp_path: Path) -> None:
+    copy = tmp_path / "pack"
+    shutil.copytree(pack, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    victim = copy / manifest["target"]["graph"]["data_files"][0]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, one flipped byte
+    victim.write_bytes(bytes(data))
+    code, text = _run(["generate", str(copy), "--prompt", "hi"])
+    _assert_error(code, text, "does not match the manifest", "sha256")
+    code, text = _run(["verify", str(copy)])
+    _assert_error(code, text, "does not match the manifest")
+
+
+def test_verify_and_inspect_a_good_pack(pack: Path) -> None:
+    code, text = _run(["verify", str(pack)])
+    assert code == 0 and "ok" in text
+    code, text = _run(["inspect", str(pack)])
+    assert code == 0 and "verify.onnx" in text and "draft_step.onnx" in text
+    code, text = _run(["inspect", str(pack), "--json"])
+    assert code == 0 and json.loads(text)["k_max"] == 8
+
+
+def test_generate_json_prints_one_object(pack: Path) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "def add(a, b):", "--max-new-tokens", "12", "--json"])
+    assert code == 0, text
+    out = json.loads(text)
+    assert set(out) == {"tokens", "text", "stats"} and len(out["tokens"]) <= 12
+    assert {"alpha", "tau", "steps", "proposed", "accepted", "per_position", "tokens_per_s"} <= set(out["stats"])
