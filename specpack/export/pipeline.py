@@ -39,6 +39,7 @@ def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; a pack is an ordinary directory
     try:
         work = staging / "work"
         work.mkdir()
