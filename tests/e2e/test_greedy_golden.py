@@ -70,3 +70,17 @@ def test_stops_at_eos_ids_like_transformers(tiny_pack, tmp_path: Path) -> None:
         out = pack.generate("def add(a, b):", 40, k=k)
         assert out.tokens == ref and out.tokens[-1] == eos_token
         assert eos_token not in out.tokens[:-1]
+
+
+def test_chat_prompt_matches_transformers_chat_template(tiny_pack) -> None:
+    """--chat: the prompt wrapped as one user message with the generation prompt, as apply_chat_template does."""
+    from transformers import AutoTokenizer
+
+    pack_dir, _, target_dir = tiny_pack("qwen2", "noisy")
+    pack = specpack.load(pack_dir)
+    message = "Write a function that adds two numbers."
+    ids = AutoTokenizer.from_pretrained(target_dir).apply_chat_template(
+        [{"role": "user", "content": message}], add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert pack.encode(message, chat=True) == list(ids)
+    ref = _reference(target_dir, list(ids), 24, pack.manifest.eos_token_ids)
+    assert pack.generate(message, 24, k=4, chat=True).tokens == ref
