@@ -3,6 +3,10 @@
 One order for every edit (onnx-graphsurgeon's): import -> edit -> cleanup -> toposort -> export.
 The plain graph is loaded without its weights (it may be far over 2 GB); its one external-data file is
 moved, not copied, next to the new graph, so the pack holds each model's weights once.
+
+The head reads the last `rows` positions only (draft: 1, verify: k + 1), so the lm_head computes only those:
+its hidden-state input is sliced (prune_logits.py). A graph whose lm_head is not recognized still gets a
+correct head, on sliced logits, and a LogitsNotPrunedWarning: every prefill then pays for S rows of logits.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,11 +23,24 @@ from onnx import TensorProto
 
 from specpack import names
 from specpack.errors import SpecpackError
-from specpack.graphs.heads import AddHead, HeadIO, add_draft_head, add_verify_head, draft_head_io, verify_head_io
+from specpack.graphs.heads import (
+    AddHead,
+    HeadIO,
+    add_draft_head,
+    add_verify_head,
+    draft_head_io,
+    last_rows,
+    verify_head_io,
+)
 from specpack.graphs.onnx_builder import GraphBuilder, Value
+from specpack.graphs.prune_logits import LmHead, find_lm_head, slice_lm_head_input
 
 MIN_OPSET = 18  # ReduceMax / ReduceMin take axes as an input from opset 18
 LOGITS_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
+
+
+class LogitsNotPrunedWarning(UserWarning):
+    """The lm_head was not recognized: the graph computes logits at every position and slices them after."""
 
 
 def build_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
@@ -40,16 +58,30 @@ def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: Head
     model = onnx.load(str(plain), load_external_data=False)
     graph = model.graph
     opset, logits_type, model_vocab = _check_plain(model, plain, io, vocab_size)
-    # edit: logits [1, S, V_model] -> [1, S, vocab_size] -> head
+    # edit: hidden [1, S, H] -> last rows [1, rows, H] -> lm_head -> logits [1, rows, V_model]
+    #       -> [1, rows, vocab_size] -> head
     b = GraphBuilder(opset)
+    rows = io.rows(b)  # int64 [1]
     logits: Value = names.LOGITS
+    lm_head = find_lm_head(graph)
+    before_lm_head: list[onnx.NodeProto] = []
+    if isinstance(lm_head, LmHead):
+        sliced = last_rows(b, lm_head.hidden, rows)
+        before_lm_head, b.nodes = b.nodes, []  # they go right before the lm_head MatMul
+    else:
+        warnings.warn(f"{plain}: lm_head not recognized, so logits are computed at every position and sliced "
+                      f"after (correct, but prefill pays S * H * V * 2 flops): {lm_head}",
+                      LogitsNotPrunedWarning, stacklevel=3)
+        logits = last_rows(b, logits, rows)
     if model_vocab != vocab_size:  # padded embedding rows (or a symbolic V): keep the tokenizer's ids
         logits = b.slice(logits, 0, vocab_size, axis=2)
     add_head(b, logits, logits_type, vocab_size)
-    clash = {o for node in b.nodes for o in node.output} & _value_names(graph)
+    clash = {o for node in [*before_lm_head, *b.nodes] for o in node.output} & _value_names(graph)
     if clash:
         raise SpecpackError(f"{plain}: the graph already has values named like the head's",
                             found=", ".join(sorted(clash)[:5]), hint="rename them in export/")
+    if isinstance(lm_head, LmHead):
+        slice_lm_head_input(graph, lm_head, before_lm_head, sliced)
     graph.node.extend(b.nodes)  # cleanup / toposort: the head only reads values made earlier, so appending
     graph.input.extend(io.inputs)  # keeps the order; `logits` stays, as an internal value
     kept = [o for o in graph.output if o.name != names.LOGITS]

@@ -1,8 +1,12 @@
 """The draft-step and verify heads: logits in, a few integers (and q) out. The graph form of oracle.py.
 
-`add_draft_head` / `add_verify_head` append a head's nodes to a builder that reads an existing `logits`
-value (attach.py); `draft_head_model` / `verify_head_model` wrap one head alone, with `logits` as a graph
-input, for tests and benchmarks. Greedy (temperature 0) is an `If` branch that does no sampling work.
+A head reads only the last positions of the forward pass: `HeadIO.rows` says how many (draft: 1, verify:
+k + 1), and `add_draft_head` / `add_verify_head` take logits of exactly those rows, [1, rows, V]. Choosing
+the rows is one step, `last_rows`, done once and as early as possible: attach.py slices the hidden states
+before the lm_head (prune_logits.py), so the target never computes logits it throws away;
+`draft_head_model` / `verify_head_model` (a head alone, `logits` [1, S, V] as a graph input, for tests
+and benchmarks) slice their logits input. Greedy (temperature 0) is an `If` branch that does no sampling
+work.
 """
 
 from __future__ import annotations
@@ -19,15 +23,34 @@ from specpack.graphs import sampling_graph as sg
 from specpack.graphs.onnx_builder import FLOAT, INT64, INT64_MAX, GraphBuilder, Value, tensor_info
 
 Dim = int | str
-AddHead = Callable[[GraphBuilder, Value, int, int | None], None]  # (builder, logits, logits dtype, V)
+AddHead = Callable[[GraphBuilder, Value, int, int | None], None]  # (builder, logits [1,rows,V], dtype, V)
+Rows = Callable[[GraphBuilder], Value]  # -> int64 [1]: how many last positions of the forward pass a head reads
 
 
 @dataclass(frozen=True)
 class HeadIO:
-    """A head's extra graph inputs and its outputs, as ValueInfos."""
+    """A head's extra graph inputs, its outputs (as ValueInfos), and the number of last positions it reads."""
 
     inputs: list[onnx.ValueInfoProto]
     outputs: list[onnx.ValueInfoProto]
+    rows: Rows
+
+
+def last_rows(b: GraphBuilder, x: Value, rows: Value) -> Value:
+    """x[:, -rows:] along axis 1 (positions) of a [B, S, ...] value; all of x when S <= rows."""
+    return b.slice(x, b.op("Neg", rows), INT64_MAX, axis=1)
+
+
+def _draft_rows(b: GraphBuilder) -> Value:
+    return b.const([1])
+
+
+def _verify_rows(b: GraphBuilder) -> Value:
+    return b.op("Add", _num_drafts(b), b.const([1]))  # k + 1
+
+
+def _num_drafts(b: GraphBuilder) -> Value:
+    return b.op("Shape", names.DRAFT_PROBS, start=1, end=2)  # k, int64 [1]
 
 
 def _sampling_inputs() -> list[onnx.ValueInfoProto]:
@@ -38,29 +61,31 @@ def _sampling_inputs() -> list[onnx.ValueInfoProto]:
 def draft_head_io(vocab: Dim) -> HeadIO:
     """Draft head: + uniform, temperature, top_k, top_p -> token int64 [1], probs fp32 [1, V]."""
     return HeadIO(inputs=[tensor_info(names.UNIFORM, FLOAT, [1]), *_sampling_inputs()],
-                  outputs=[tensor_info(names.TOKEN, INT64, [1]), tensor_info(names.PROBS, FLOAT, [1, vocab])])
+                  outputs=[tensor_info(names.TOKEN, INT64, [1]), tensor_info(names.PROBS, FLOAT, [1, vocab])],
+                  rows=_draft_rows)
 
 
 def verify_head_io(vocab: Dim) -> HeadIO:
     """Verify head: + draft_probs, uniforms, sampling inputs -> n_accepted int64 [1], next_token int64 [1]."""
     return HeadIO(inputs=[tensor_info(names.DRAFT_PROBS, FLOAT, [1, "k", vocab]),
                           tensor_info(names.UNIFORMS, FLOAT, [1, "k_plus_1"]), *_sampling_inputs()],
-                  outputs=[tensor_info(names.N_ACCEPTED, INT64, [1]), tensor_info(names.NEXT_TOKEN, INT64, [1])])
+                  outputs=[tensor_info(names.N_ACCEPTED, INT64, [1]), tensor_info(names.NEXT_TOKEN, INT64, [1])],
+                  rows=_verify_rows)
 
 
 def add_draft_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None) -> None:
-    """Draw the draft token from the last position of `logits` [1, S, V] (fp32, fp16 or bf16).
+    """Draw the draft token from `logits` [1, 1, V] (fp32, fp16 or bf16): the last position (`last_rows`).
 
     `vocab`: V when the graph is built for one vocabulary, None for any (taken from shapes).
 
-        x = Cast(logits[0, -1:, :], fp32)                              [1,V]
+        x = Cast(logits[0], fp32)                                      [1,V]
         If temperature == 0:  token = ArgMax(x)                        [1]
                               probs = OneHot(token, V)                 [1,V]
         else:                 probs = transform(x)                     [1,V] q
                               token = draw(probs, uniform)             [1]
         -> token, probs
     """
-    x = _fp32(b, b.op("Squeeze", b.slice(logits, -1, INT64_MAX, axis=1), b.const([1])), logits_type)  # [1, V]
+    x = _fp32(b, b.op("Squeeze", logits, b.const([1])), logits_type)  # [1, V]; Squeeze fails unless 1 row
 
     def greedy(sub: GraphBuilder) -> list[Value]:
         token = sub.op("ArgMax", x, axis=-1, keepdims=0)  # [1]
@@ -77,7 +102,9 @@ def add_draft_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, voc
 def add_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None) -> None:
     """Accept a prefix of the k draft tokens (the last k of input_ids) and pick the next token.
 
-        k = draft_probs.shape[1];  x = Cast(logits[0, -(k+1):, :], fp32)          [k+1,V]
+    `logits` [1, k+1, V]: the last k + 1 positions (`last_rows`), k = draft_probs.shape[1].
+
+        x = Cast(logits[0], fp32)                                                [k+1,V]
         drafts = input_ids[0, S-k:]                                              [k]
         If temperature == 0:  best = ArgMax(x)                                   [k+1]
                               n = leading(drafts == best[:k]);  next = best[n]
@@ -88,10 +115,8 @@ def add_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vo
                               next = draw(residual, u[k])
         -> n_accepted, next_token
     """
-    k = b.op("Shape", names.DRAFT_PROBS, start=1, end=2)  # [1]
-    k_plus_1 = b.op("Add", k, b.const([1]))  # [1]
-    x = b.slice(logits, b.op("Neg", k_plus_1), INT64_MAX, axis=1)  # [1, k+1, V]
-    x = _fp32(b, b.op("Squeeze", x, b.const([0])), logits_type)  # [k+1, V]
+    k = _num_drafts(b)  # [1]
+    x = _fp32(b, b.op("Squeeze", logits, b.const([0])), logits_type)  # [k+1, V]
     seq_len = b.op("Shape", names.INPUT_IDS, start=1, end=2)  # [1]
     drafts = b.slice(names.INPUT_IDS, b.op("Sub", seq_len, k), INT64_MAX, axis=1)  # [1, k]
     drafts = b.op("Squeeze", drafts, b.const([0]))  # [k]
@@ -140,7 +165,7 @@ def _is_greedy(b: GraphBuilder) -> Value:
 def _head_model(add_head: AddHead, io: HeadIO, logits_type: int, opset: int, vocab: int | None,
                 extra: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
     b = GraphBuilder(opset)
-    add_head(b, names.LOGITS, logits_type, vocab)
+    add_head(b, last_rows(b, names.LOGITS, io.rows(b)), logits_type, vocab)
     logits = tensor_info(names.LOGITS, logits_type, [1, "S", vocab or "V"])
     graph = helper.make_graph(b.nodes, "head", [logits, *extra, *io.inputs], io.outputs)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="specpack")
@@ -151,12 +176,13 @@ def _head_model(add_head: AddHead, io: HeadIO, logits_type: int, opset: int, voc
 
 def draft_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, vocab: int | None = None
                      ) -> onnx.ModelProto:
-    """The draft head alone: logits [1, S, V] + draft head inputs -> token, probs. vocab None: any V."""
+    """The draft head alone: logits [1, S, V] (reads the last row) + draft head inputs -> token, probs. vocab None: any V."""
     return _head_model(add_draft_head, draft_head_io(vocab or "V"), logits_type, opset, vocab, [])
 
 
 def verify_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, vocab: int | None = None
                       ) -> onnx.ModelProto:
-    """The verify head alone: logits [1, S, V], input_ids [1, S] + verify head inputs -> n_accepted, next_token."""
+    """The verify head alone: logits [1, S, V] (reads the last k+1 rows), input_ids [1, S] + verify head inputs
+    -> n_accepted, next_token."""
     input_ids = tensor_info(names.INPUT_IDS, INT64, [1, "S"])
     return _head_model(add_verify_head, verify_head_io(vocab or "V"), logits_type, opset, vocab, [input_ids])
