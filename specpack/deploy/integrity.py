@@ -11,9 +11,9 @@ import contextlib
 import json
 from pathlib import Path
 
-from specpack.deploy.hashing import sha256_file
 from specpack.deploy.manifest import FileEntry, Manifest
 from specpack.errors import SpecpackError
+from specpack.hashing import sha256_file
 
 STAMP_FILE = ".verified.json"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack import __version__
-from specpack.deploy.hashing import sha256_file
 from specpack.deploy.manifest import MANIFEST_FILE, FileEntry, GraphEntry, Manifest, ModelEntry, TensorSpec
+from specpack.hashing import sha256_file
 from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
 
 if TYPE_CHECKING:

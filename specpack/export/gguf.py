@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack.errors import SpecpackError
+from specpack.hashing import sha256_file
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,7 +39,6 @@ GGUF_MAGIC = b"GGUF"
 END_TOKEN_TEXTS = frozenset({"<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end_of_text|>",
                              "<end_of_turn>", "<|end|>", "</s>", "<EOT>"})
 _TOKENIZER_PROBE = "def f(x):\n    return x ** 2  # 平方 🙂\t<|im_start|>user\nHi 12345<|im_end|>\n"
-_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -297,17 +297,9 @@ def _source_record(gguf_path: Path, summary: GgufSummary, seconds: float) -> dic
 
     st = gguf_path.stat()
     return {"gguf": str(gguf_path.resolve()), "name": gguf_path.name, "size": st.st_size, "mtime_ns": st.st_mtime_ns,
-            "sha256": _sha256(gguf_path), "architecture": summary.architecture, "gguf_version": summary.version,
+            "sha256": sha256_file(gguf_path), "architecture": summary.architecture, "gguf_version": summary.version,
             "converter_version": CONVERTER_VERSION, "transformers": transformers.__version__,
             "seconds": round(seconds, 1)}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _default_converted_dir() -> Path:

@@ -7,7 +7,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from specpack.errors import SpecpackError
 from specpack.export.model_info import check_model_dir
+from specpack.hashing import sha256_file
 
 # What a hub snapshot needs: config, tokenizer, generation config and chat template, and the weights
 _HUB_FILES = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.safetensors"]
@@ -22,7 +22,6 @@ _HUB_FALLBACK_WEIGHTS = ["*.bin"]  # only for repos without safetensors
 _HUB_SKIP = ["*/*", "consolidated*"]  # subfolders (onnx/, original/) and duplicate native checkpoints
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # "name" or "org/name"
 _WEIGHT_SUFFIXES = (".safetensors", ".bin")
-_CHUNK = 1 << 20  # 1 MiB
 
 
 def resolve_source(src: str) -> Path:
@@ -88,14 +87,6 @@ def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
 
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def source_record(src: str, model_dir: Path) -> dict[str, object]:

@@ -6,5 +6,6 @@
     heads.draft_head_model / verify_head_model                        a head alone (tests, benchmarks)
 
 Files: oracle.py (the math, numpy), sampling_graph.py (the same math as ONNX nodes), heads.py (the two
-heads), attach.py (graph surgery and the weights' move), onnx_builder.py (a tiny node builder).
+heads), attach.py (graph surgery and the weights' move), prune_logits.py (slice the hidden states before
+the lm_head to the rows a head reads), onnx_builder.py (a tiny node builder).
 """

@@ -1,4 +1,4 @@
-"""Streaming sha256 of pack files."""
+"""Streaming sha256 of large files (model weights, pack files)."""
 
 from __future__ import annotations
 
