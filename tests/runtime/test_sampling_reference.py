@@ -41,7 +41,10 @@ def _samples(draft_cls: type[ReferenceDraftEngine], params: SamplingParams, k: i
     buffers.set_sampling(params)
     draft, target = draft_cls(bigram_logits(draft_table), buffers), ReferenceTargetEngine(bigram_logits(target_table), buffers)
     rng = np.random.Generator(np.random.Philox(1234))
-    return [tuple(generate_tokens(draft, target, buffers, PROMPT, LENGTH, k, frozenset(), rng)[0]) for _ in range(SAMPLES)]
+    # k + 2 new tokens, so the first step really verifies k drafts (k is capped at the tokens still allowed);
+    # the first LENGTH tokens of the output then have the exact LENGTH-token continuation distribution
+    return [tuple(generate_tokens(draft, target, buffers, PROMPT, max(LENGTH, k + 2), k, frozenset(), rng)[0][:LENGTH])
+            for _ in range(SAMPLES)]
 
 
 def _exact(params: SamplingParams) -> dict[tuple[int, ...], float]:

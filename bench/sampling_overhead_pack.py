@@ -1,0 +1,87 @@
+"""What in-graph sampling adds to a whole verify step (k = 4) and draft step of a real pack, on this CPU.
+
+Complements bench/sampling_overhead.py (the heads alone): here the full verify.onnx / draft_step.onnx of
+a pack run through the runtime's own engines and buffers, greedy against each sampling setting, the
+settings interleaved round by round (shared machines drift), medians reported.
+
+    python bench/sampling_overhead_pack.py PACK [--rounds 15] [--context 64] [--out bench/results/sampling_overhead_pack.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+import specpack
+from specpack.sampling import SamplingParams
+
+K = 4
+CASES = {
+    "greedy": SamplingParams(0.0),
+    "temperature 0.7": SamplingParams(0.7),
+    "top-k 50": SamplingParams(1.0, top_k=50),
+    "top-p 0.9": SamplingParams(1.0, top_p=0.9),
+    "T 0.7 + top-k 50 + top-p 0.9": SamplingParams(0.7, top_k=50, top_p=0.9),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("pack", type=Path)
+    parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--context", type=int, default=64, help="tokens already in the caches")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "sampling_overhead_pack.json")
+    args = parser.parse_args()
+
+    pack = specpack.load(args.pack)
+    b, n = pack.buffers, args.context
+    rng = np.random.default_rng(0)
+    b.ids[0, : n + K + 1] = rng.integers(0, pack.tokenizer.vocab_size, n + K + 1)
+    b.draw_uniforms(rng, K)
+    pack.target.rollback(0)
+    pack.target.verify(n, 0)  # fill both caches with n tokens of context
+    pack.draft.rollback(0)
+    pack.draft.propose(n, 0)
+    for slot in range(K):  # a real q for every draft row
+        pack.draft.propose(n + slot + 1, slot)
+    pack.draft.rollback(n)
+
+    times: dict[str, dict[str, list[float]]] = {name: {"verify": [], "draft": []} for name in CASES}
+    for _ in range(args.rounds):
+        for name, params in CASES.items():
+            b.set_sampling(params)
+            t = time.perf_counter()
+            pack.target.verify(n + 1 + K, K)  # the last committed token + K drafts
+            times[name]["verify"].append(time.perf_counter() - t)
+            pack.target.rollback(n)
+            t = time.perf_counter()
+            pack.draft.propose(n + 1, K - 1)  # the last q row is scratch here
+            times[name]["draft"].append(time.perf_counter() - t)
+            pack.draft.rollback(n)
+
+    result: dict[str, object] = {"pack": str(args.pack), "k": K, "context": n, "rounds": args.rounds,
+                                 "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
+                                             "load_average_before": os.getloadavg()}}
+    greedy = {step: statistics.median(times["greedy"][step]) for step in ("verify", "draft")}
+    for name in CASES:
+        row = {}
+        for step in ("verify", "draft"):
+            med = statistics.median(times[name][step])
+            row[f"{step}_ms"] = med * 1e3
+            row[f"{step}_over_greedy_pct"] = 100 * (med / greedy[step] - 1)
+        result[name] = row
+        print(f"{name:30s} verify {row['verify_ms']:7.1f} ms ({row['verify_over_greedy_pct']:+5.1f} %)   "
+              f"draft {row['draft_ms']:6.1f} ms ({row['draft_over_greedy_pct']:+5.1f} %)")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

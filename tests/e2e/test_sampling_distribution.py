@@ -1,0 +1,398 @@
+"""Speculative sampling through the real ONNX graphs of a tiny pack has the target's exact distribution.
+
+The pack is the qwen2 tiny pair with the "noisy" draft (a perturbed copy of the target: it agrees often,
+not always), vocabulary 330. For each setting, SAMPLES continuations are drawn with one Philox generator
+(fixed seed) through the pack's own engines, and a chi-square compares their counts with exact
+probabilities computed from the target's transformers model (torch, fp32) and the oracle's transform.
+
+Each generation asks for k + 2 tokens, so that the first speculative step verifies all k drafts (the loop
+caps k at the tokens still allowed: with max_new_tokens = 3, k = 3 and k = 6 would both run as k = 1).
+The tiny target's distributions are flat (hundreds of plausible next tokens), so the bins are an
+`ExactPartition` (tests/distribution.py): frequent prefixes get bins of their own, rare next tokens are
+pooled by rank quantile, and every bin's probability is exact. A generation stops as soon as its tokens
+fix its bin: where the distribution is flat that is after 2-3 tokens, where it is sharp (temperature 0.5,
+top-k 5) deeper drafts are tested too.
+
+A deliberately broken draft (q taken before the transform, transformers #32867 / #47932) fails the same
+test with the same seed; the same wrapper made honest gives bit-identical q and tokens.
+
+Runtime: about 4.7 minutes on the 2-core CPU, pack export included: 170,000 generations through ONNX Runtime,
+whose calls on these tiny graphs cost ~0.2 ms each (overhead, not arithmetic).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+import specpack
+from specpack.errors import SpecpackError
+from specpack.graphs import oracle
+from specpack.runtime.engine import DraftEngine, TargetEngine
+from specpack.runtime.kv_cache import ConcatKVCache
+from specpack.runtime.loop import generate_tokens
+from specpack.runtime.ort_engine import OrtDraftEngine
+from specpack.runtime.ort_session import OrtGraph
+from specpack.runtime.pack import Pack
+from specpack.sampling import SamplingParams
+from tests.distribution import (
+    Continuation,
+    ExactPartition,
+    RankBin,
+    chi_square_pvalue,
+    exact_continuations,
+    transformed_next_probs,
+)
+
+FAMILY, DRAFT = "qwen2", "noisy"
+PROMPT = "def add(a, b):"
+SAMPLES = 10_000
+P_FAIL = 1e-3
+SETTINGS = [SamplingParams(0.5), SamplingParams(1.0), SamplingParams(1.5), SamplingParams(1.0, top_k=5),
+            SamplingParams(1.0, top_p=0.8)]
+KS = [1, 3, 6]
+RAW = SamplingParams(1.0)  # no transform: q = softmax(raw draft logits)
+
+
+PartitionFor = Callable[[SamplingParams, int], ExactPartition]  # (params, length) -> exact bins
+
+
+def _id(params: SamplingParams) -> str:
+    return f"T{params.temperature:g}-topk{params.top_k}-topp{params.top_p:g}"
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def pack_dirs(tiny_pack: Callable[..., tuple[Path, Path, Path]]) -> tuple[Path, Path, Path]:
+    return tiny_pack(FAMILY, DRAFT)
+
+
+@pytest.fixture(scope="module")
+def pack(pack_dirs: tuple[Path, Path, Path]) -> Iterator[Pack]:
+    """One thread per session: on tiny graphs a second thread costs more in synchronisation than it saves."""
+    loaded = specpack.load(pack_dirs[0], threads=1)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(pack: Pack) -> list[int]:
+    return pack.encode(PROMPT)
+
+
+@pytest.fixture(scope="module")
+def target_logits(pack_dirs: tuple[Path, Path, Path], prompt_ids: list[int]) -> TargetLogits:
+    return TargetLogits(pack_dirs[2], prompt_ids)
+
+
+@pytest.fixture(scope="module")
+def exact(target_logits: TargetLogits, pack: Pack) -> PartitionFor:
+    """Exact partitions for SAMPLES samples, built once per (params, length) and shared by the tests."""
+
+    @cache
+    def partition(params: SamplingParams, length: int) -> ExactPartition:
+        def next_probs(prefixes: list[Continuation]) -> np.ndarray:
+            return oracle.transform(target_logits(prefixes), params)  # [N, V]
+
+        return ExactPartition.build(next_probs, length, pack.eos_ids, SAMPLES)
+
+    return partition
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+
+
+class TargetLogits:
+    """Raw next-token logits of the target after prompt + prefix: transformers, fp32, batched and cached."""
+
+    def __init__(self, model_dir: Path, prompt: list[int], batch: int = 1024) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        self.torch = torch
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.prompt, self.batch = prompt, batch
+        self.cache: dict[Continuation, np.ndarray] = {}
+
+    def __call__(self, prefixes: list[Continuation]) -> np.ndarray:
+        """[N] continuations so far -> [N, V] fp32 logits of the next token."""
+        todo = sorted({s for s in prefixes if s not in self.cache}, key=lambda s: (len(s), s))
+        for length in sorted({len(s) for s in todo}):
+            same = [s for s in todo if len(s) == length]  # equal lengths: no padding, no mask
+            for i in range(0, len(same), self.batch):
+                chunk = same[i : i + self.batch]
+                ids = self.torch.tensor([[*self.prompt, *s] for s in chunk])  # [B, S]
+                with self.torch.inference_mode():
+                    logits = self.model(input_ids=ids, logits_to_keep=1).logits[:, -1].float().numpy()  # [B, V]
+                self.cache.update(zip(chunk, logits, strict=True))
+        return np.stack([self.cache[s] for s in prefixes])
+
+
+class ShadowDraft:
+    """The pack's draft engine, then a second session of the same draft graph (same ids, its own cache
+    and sampling inputs) whose q overwrites the one the real draft step wrote into buffers.draft_probs.
+
+    With `q_params` = RAW this is the canonical bug: the token is drawn from the transformed distribution,
+    but the q the verify graph divides by is softmax(raw logits), taken before the transform (as in
+    transformers #32867 / #47932); under top-k / top-p it even puts mass outside the kept set. With
+    `q_params` equal to the request's params it is an honest control: the shadow's q must be bit-identical
+    to the real one (checked on every step), so a failure of the broken variant is the bug's, not the
+    wrapper's.
+    """
+
+    def __init__(self, pack: Pack, q_params: SamplingParams) -> None:
+        m, entry = pack.manifest, pack.manifest.draft
+        self.real, self.buffers, self.max_q_diff = pack.draft, pack.buffers, 0.0
+        own = dataclasses.replace(  # ids, positions and mask shared: the shadow reads the same tokens
+            pack.buffers, draft_probs=np.zeros_like(pack.buffers.draft_probs),
+            draft_uniforms=np.zeros_like(pack.buffers.draft_uniforms), draft_token=np.zeros_like(pack.buffers.draft_token),
+            temperature=np.zeros(1, np.float32), top_k=np.zeros(1, np.int64), top_p=np.ones(1, np.float32))
+        own.set_sampling(q_params)
+        dtype = np.dtype(np.float16 if entry.dtype == "fp16" else np.float32)
+        cache = ConcatKVCache(2 * entry.num_layers, entry.kv_heads, entry.head_dim, m.max_len + m.k_max + 1, dtype)
+        self.shadow = OrtDraftEngine(OrtGraph(pack.path / entry.graph.path, threads=1), cache, own, entry.num_layers)
+
+    @property
+    def kv_length(self) -> int:
+        return self.real.kv_length
+
+    def propose(self, end: int, slot: int) -> int:
+        token = self.real.propose(end, slot)
+        self.shadow.propose(end, slot)
+        q_real, q_shadow = self.buffers.draft_probs[0, slot], self.shadow.buffers.draft_probs[0, slot]
+        self.max_q_diff = max(self.max_q_diff, float(np.abs(q_real - q_shadow).max()))
+        q_real[:] = q_shadow
+        return token
+
+    def rollback(self, length: int) -> None:
+        self.real.rollback(length)
+        self.shadow.rollback(length)
+
+    def close(self) -> None:
+        self.shadow.close()
+
+
+class RecordingTarget:
+    """The pack's target engine, recording (k, n_accepted) of every verify."""
+
+    def __init__(self, real: TargetEngine) -> None:
+        self.real, self.calls = real, list[tuple[int, int]]()
+
+    @property
+    def kv_length(self) -> int:
+        return self.real.kv_length
+
+    def verify(self, end: int, k: int) -> tuple[int, int]:
+        n, token = self.real.verify(end, k)
+        self.calls.append((k, n))
+        return n, token
+
+    def rollback(self, length: int) -> None:
+        self.real.rollback(length)
+
+    def close(self) -> None:
+        self.real.close()
+
+
+@dataclasses.dataclass
+class Samples:
+    continuations: list[Continuation]
+    proposed: int
+    accepted: int
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.proposed
+
+
+class _Decided(Exception):
+    """Raised from on_tokens to end a generation whose bin is already fixed."""
+
+
+def draw_samples(pack: Pack, draft: DraftEngine, prompt: list[int], params: SamplingParams, k: int, seed: int,
+                 n: int = SAMPLES, decided: Callable[[Continuation], bool] | None = None) -> Samples:
+    """n generations of k + 2 tokens (the first step verifies all k drafts), one Philox generator across them.
+
+    A generation ends early at an eos, or once `decided` says its tokens so far fix its bin: the tokens
+    after that cannot change the chi-square, and skipping them halves the cost where distributions are flat.
+    """
+    pack.buffers.set_sampling(params)
+    rng = np.random.Generator(np.random.Philox(seed))
+    target = RecordingTarget(pack.target)
+    out: list[Continuation] = []
+    tokens: list[int] = []  # the current generation's
+
+    def on_tokens(new: list[int]) -> None:
+        tokens.extend(new)
+        if decided is not None and decided(tuple(tokens)):
+            raise _Decided
+
+    for _ in range(n):
+        tokens.clear()
+        with contextlib.suppress(_Decided):
+            generate_tokens(draft, target, pack.buffers, prompt, k + 2, k, pack.eos_ids, rng, on_tokens)
+        out.append(tuple(tokens))
+    return Samples(out, sum(k_step for k_step, _ in target.calls), sum(acc for _, acc in target.calls))
+
+
+def pvalue(part: ExactPartition, samples: Samples) -> float:
+    return chi_square_pvalue([part.bin_of(s) for s in samples.continuations], part.probs)
+
+
+def _seed(params: SamplingParams, k: int) -> int:
+    return 1000 * SETTINGS.index(params) + k
+
+
+# ------------------------------------------------------------------------------------------------- tests
+
+
+def test_partitions_have_power(exact: PartitionFor) -> None:
+    """The exact partitions are not degenerate: enough bins with >= 5 expected samples, and most of the mass
+    is in bins decided by the speculative tokens (depth >= 2), not by the first token (the target's prefill)."""
+    for params in SETTINGS:
+        for k in KS:
+            part = exact(params, k + 2)
+            assert abs(sum(part.probs.values()) - 1.0) < 1e-9
+            assert sum(SAMPLES * p >= 5 for p in part.probs.values()) >= 10, (params, k)
+            assert sum(p for b, p in part.probs.items() if _depth(b) >= 2) > 0.5, (params, k)
+
+
+def _depth(b: object) -> int:
+    """The position a bin is decided at: a continuation's length, or a rank bin's depth."""
+    return b.depth if isinstance(b, RankBin) else len(cast(Continuation, b))
+
+
+def test_partition_agrees_with_full_enumeration(exact: PartitionFor, target_logits: TargetLogits, pack: Pack,
+                                                prompt_ids: list[int]) -> None:
+    """Where every continuation can be enumerated (top-k 5, 3 tokens: 125), each bin's probability is the
+    sum of its continuations', computed one prefix at a time (unbatched); decided() agrees with bin_of."""
+    params = SamplingParams(1.0, top_k=5)
+    part = exact(params, 3)
+
+    def logits_of(ids: list[int]) -> np.ndarray:
+        return target_logits([tuple(ids[len(prompt_ids) :])])[0]
+
+    sums: dict[object, float] = {}
+    for seq, p in exact_continuations(transformed_next_probs(logits_of, params), prompt_ids, 3, pack.eos_ids).items():
+        sums[part.bin_of(seq)] = sums.get(part.bin_of(seq), 0.0) + p
+        assert all(part.decided(seq[:i]) == (part.bin_of(seq[:i]) == part.bin_of(seq)) for i in range(len(seq) + 1))
+    assert sums.keys() == part.probs.keys()
+    assert max(abs(sums[b] - part.probs[b]) for b in sums) < 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("params", SETTINGS, ids=_id)
+def test_distribution_is_the_targets(pack: Pack, prompt_ids: list[int], exact: PartitionFor, params: SamplingParams,
+                                     k: int) -> None:
+    part = exact(params, k + 2)
+    samples = draw_samples(pack, pack.draft, prompt_ids, params, k, _seed(params, k), decided=part.decided)
+    assert 0.2 < samples.alpha < 0.95, f"acceptance {samples.alpha:.3f}: the test would not exercise rejections"
+    p = pvalue(part, samples)
+    print(f"{_id(params)} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert p > P_FAIL
+
+
+BROKEN = [(SamplingParams(0.5), 1), (SamplingParams(1.0, top_k=5), 1)]  # at T = 1 with no filter the bug is a no-op
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("params", "k"), BROKEN, ids=[f"{_id(p)}-k{k}" for p, k in BROKEN])
+def test_catches_q_taken_before_the_transform(pack: Pack, prompt_ids: list[int], exact: PartitionFor,
+                                              params: SamplingParams, k: int) -> None:
+    """Same samples, same seed, same test as test_distribution_is_the_targets[params, k]: only q differs."""
+    part, broken = exact(params, k + 2), ShadowDraft(pack, RAW)
+    try:
+        samples = draw_samples(pack, broken, prompt_ids, params, k, _seed(params, k), decided=part.decided)
+    finally:
+        broken.close()
+    assert broken.max_q_diff > 0.01  # q was really replaced
+    p = pvalue(part, samples)
+    print(f"broken {_id(params)} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert p < P_FAIL
+
+
+def test_shadow_wrapper_is_transparent(pack: Pack, prompt_ids: list[int]) -> None:
+    """The broken test's wrapper, honest (the request's own params): q bit-identical, and with the same seed
+    the very same tokens as the bare engine, so the broken variant's failure is the bug's alone."""
+    for (params, _), k in zip(BROKEN, (1, 6), strict=True):  # k = 6: every draft slot, catch-up after all accepted
+        control = ShadowDraft(pack, params)
+        try:
+            wrapped = draw_samples(pack, control, prompt_ids, params, k, _seed(params, k), n=300)
+        finally:
+            control.close()
+        assert control.max_q_diff == 0.0
+        bare = draw_samples(pack, pack.draft, prompt_ids, params, k, _seed(params, k), n=300)
+        assert wrapped.continuations == bare.continuations
+
+
+def test_same_seed_same_tokens(pack: Pack, pack_dirs: tuple[Path, Path, Path]) -> None:
+    """Same seed, same tokens: run after run, and on a fresh load with the default thread count."""
+    fresh = specpack.load(pack_dirs[0])
+    try:
+        runs = [p.generate(PROMPT, 24, k=3, temperature=1.0, top_p=0.9, seed=seed).tokens
+                for p, seed in ((pack, 7), (pack, 7), (fresh, 7), (pack, 8))]
+    finally:
+        fresh.close()
+    assert runs[0] == runs[1] == runs[2]
+    assert runs[0] != runs[3]
+
+
+def test_stats_under_sampling_as_under_greedy(pack: Pack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Same keys as greedy; proposed = the k actually verified per step (capped), alpha = accepted / proposed."""
+    recorder = RecordingTarget(pack.target)
+    monkeypatch.setattr(pack, "target", recorder)
+    greedy = pack.generate(PROMPT, 30, k=6).stats
+    settings: list[dict[str, Any]] = [{}, {"temperature": 1.0, "seed": 3}, {"temperature": 0.5, "top_k": 5, "seed": 4}]
+    for kwargs in settings:
+        recorder.calls.clear()
+        out = pack.generate(PROMPT, 30, k=6, **kwargs)
+        stats, steps = out.stats, recorder.calls[1:]  # calls[0]: the prefill (k = 0)
+        assert stats.keys() == greedy.keys()
+        assert recorder.calls[0][0] == 0 and all(1 <= k <= 6 for k, _ in steps)
+        assert stats["steps"] == len(steps)
+        assert stats["proposed"] == sum(k for k, _ in steps) == sum(stats["proposed_at"])
+        assert stats["accepted"] == sum(n for _, n in steps) == sum(stats["accepted_at"])
+        assert 0.0 <= stats["alpha"] <= 1.0 and stats["alpha"] == pytest.approx(stats["accepted"] / stats["proposed"])
+        assert stats["proposed_at"] == [sum(k > i for k, _ in steps) for i in range(6)]
+        pairs = zip(stats["accepted_at"], stats["proposed_at"], strict=True)
+        assert stats["per_position"] == [a / p if p else None for a, p in pairs]
+        emitted = 1
+        for k, n in steps:  # k capped so that a verify never emits past max_new_tokens
+            assert k == min(6, 30 - emitted - 1)
+            emitted += n + 1
+        assert stats["new_tokens"] == len(out.tokens)
+        assert len(out.tokens) == emitted or out.tokens[-1] in pack.eos_ids
+
+
+def test_tiny_temperature_is_greedy(pack: Pack) -> None:
+    greedy = pack.generate(PROMPT, 24, k=3).tokens
+    for seed in range(3):
+        assert pack.generate(PROMPT, 24, k=3, temperature=1e-4, seed=seed).tokens == greedy
+
+
+def test_top_k_beyond_the_vocabulary_is_off(pack: Pack) -> None:
+    vocab = pack.manifest.vocab_size
+    off = pack.generate(PROMPT, 24, k=3, temperature=1.0, seed=11).tokens
+    for top_k in (vocab, vocab + 1, 10 * vocab):
+        assert pack.generate(PROMPT, 24, k=3, temperature=1.0, top_k=top_k, seed=11).tokens == off
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [
+    ({"temperature": -0.5}, "temperature"), ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"), ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+    ({"top_p": float("nan")}, "top_p"), ({"top_k": -1}, "top_k"),
+], ids=lambda v: str(v) if isinstance(v, str) else "-".join(f"{a}={b}" for a, b in v.items()))
+def test_invalid_sampling_values_are_refused(pack: Pack, kwargs: dict[str, float], name: str) -> None:
+    with pytest.raises(SpecpackError, match=name):
+        pack.generate(PROMPT, 8, temperature=kwargs.get("temperature", 1.0), top_k=int(kwargs.get("top_k", 0)),
+                      top_p=kwargs.get("top_p", 1.0), seed=0)
