@@ -13,7 +13,9 @@ import multiprocessing
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from specpack.deploy.writer import write_pack_manifest
 from specpack.errors import SpecpackError
@@ -21,6 +23,8 @@ from specpack.export.config import ExportConfig
 from specpack.export.model_info import ModelInfo, read_model_info
 from specpack.export.sources import resolve_source, source_record
 from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
+
+T = TypeVar("T")
 
 
 def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig | None = None) -> Path:
@@ -30,7 +34,8 @@ def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig
     if out.exists() and not config.overwrite:
         raise SpecpackError(f"{out} already exists", expected="a new output path", found="an existing path",
                             hint="choose another -o, or pass --overwrite")
-    draft_dir, target_dir = resolve_source(draft_src), resolve_source(target_src)
+    # a GGUF source converts to an fp32 model directory (the 1.5B peaks near 9 GB): each in its own process
+    draft_dir, target_dir = (_run_stage(resolve_source, config.isolate, src) for src in (draft_src, target_src))
     draft_info, target_info = read_model_info(draft_dir), read_model_info(target_dir)
     from specpack.export.vocab import check_same_vocabulary
 
@@ -73,14 +78,13 @@ def _export_one(model_dir: Path, plain: Path, graph_out: Path, role: str, vocab_
     build(plain, graph_out, vocab_size)
 
 
-def _run_stage(fn: object, isolate: bool, *args: object) -> None:
+def _run_stage(fn: Callable[..., T], isolate: bool, *args: object) -> T:
     """Run a stage in a fresh process (its memory is returned when it ends) or in this one."""
     if not isolate:
-        fn(*args)  # type: ignore[operator]
-        return
+        return fn(*args)
     ctx = multiprocessing.get_context("spawn")
     with ctx.Pool(1) as pool:  # exceptions (SpecpackError included) come back pickled
-        pool.apply(fn, args)  # type: ignore[arg-type]
+        return pool.apply(fn, args)
 
 
 def _replace(staging: Path, out: Path) -> None:
