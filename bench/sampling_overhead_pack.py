@@ -23,6 +23,7 @@ import specpack
 from specpack.sampling import SamplingParams
 
 K = 4
+CODE = 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
 CASES = {
     "greedy": SamplingParams(0.0),
     "temperature 0.7": SamplingParams(0.7),
@@ -43,7 +44,8 @@ def main() -> None:
     pack = specpack.load(args.pack)
     b, n = pack.buffers, args.context
     rng = np.random.default_rng(0)
-    b.ids[0, : n + K + 1] = rng.integers(0, pack.tokenizer.vocab_size, n + K + 1)
+    text = pack.tokenizer.encode(CODE * 8)  # real text: random ids give flat distributions (top-p's worst case)
+    b.ids[0, : n + K + 1] = text[: n + K + 1]
     b.draw_uniforms(rng, K)
     pack.target.rollback(0)
     pack.target.verify(n, 0)  # fill both caches with n tokens of context
