@@ -49,12 +49,15 @@ def generate_tokens(draft: DraftEngine, target: TargetEngine, buffers: DecodeBuf
     stats.ttft_s = t_first - t0
 
     while not done:
-        # 2. Draft: k' tokens, k' capped so the verify never emits past max_new_tokens.
+        # 2. Draft: k' tokens, k' capped so the verify never emits past max_new_tokens, nor drafts past an eos.
         k_step = min(k, max_new_tokens - len(out) - 1)
         if rng is not None:
             buffers.draw_uniforms(rng, k_step)
         for i in range(k_step):
             ids[n_ctx + i] = draft.propose(end=n_ctx + i, slot=i)
+            if ids[n_ctx + i] in eos_ids:  # nothing after an eos is ever emitted: stop drafting there
+                k_step = i + 1
+                break
         # 3. Verify the last committed token and the drafts in one target pass.
         n_accepted, token = target.verify(end=n_ctx + k_step, k=k_step)
         stats.record_step(k_step, n_accepted)

@@ -93,3 +93,18 @@ def test_seeded_sampling_is_reproducible() -> None:
     runs = [generate_tokens(draft, target, buffers, [1], 30, 3, frozenset(),
                             np.random.Generator(np.random.Philox(seed)))[0] for seed in (11, 11, 12)]
     assert runs[0] == runs[1] and runs[0] != runs[2]
+
+
+def test_drafting_stops_at_a_drafted_eos() -> None:
+    """Drafts after an eos would never be emitted: the step verifies up to the eos and no further."""
+    table = _table(8)
+    prompt = [2]
+    free = _greedy_reference(table, prompt, 40, frozenset())
+    eos = frozenset({free[6]})
+    draft, target, buffers = _engines(table, table)
+    buffers.set_sampling(SamplingParams())
+    tokens, stats = generate_tokens(draft, target, buffers, prompt, 40, 8, eos, None)
+    assert tokens == _greedy_reference(table, prompt, 40, eos)
+    assert tokens[-1] in eos
+    # one step: the drafts up to and including the eos, all accepted; none proposed past it (k = 8)
+    assert stats.steps == 1 and stats.proposed == stats.accepted == len(tokens) - 1 < 8
