@@ -33,7 +33,7 @@ pack: install
 demo: pack
 	$(VENV)/bin/specpack generate $(DEMO_PACK) --prompt "$$(printf '$(DEMO_PROMPT)')" --max-new-tokens 96 --k 4
 
-# The committed CPU benchmark (bench/README.md), about 35 minutes on 2 cores.
+# The committed CPU benchmark (bench/README.md), 45 minutes measured on 2 cores (shared).
 bench: pack
 	SPECPACK=$(VENV)/bin/specpack bash bench/run_cpu.sh $(DEMO_PACK)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The committed CPU benchmark of the real Qwen2.5-Coder pair (about 25 minutes on 2 cores).
+# The committed CPU benchmark of the real Qwen2.5-Coder pair (45 minutes measured on 2 shared cores).
 #   bench/run_cpu.sh PACK     (PACK: e.g. the pack `make pack` writes)
 # Writes bench/results/cpu_*.json and .png. Prompt sets are read from ../shared/data/prompts by path.
 set -euo pipefail

@@ -18,19 +18,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+from sampling_overhead import CASES as HEAD_CASES  # bench/ is on sys.path when run as a script
 
 import specpack
-from specpack.sampling import SamplingParams
 
 K = 4
 CODE = 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
-CASES = {
-    "greedy": SamplingParams(0.0),
-    "temperature 0.7": SamplingParams(0.7),
-    "top-k 50": SamplingParams(1.0, top_k=50),
-    "top-p 0.9": SamplingParams(1.0, top_p=0.9),
-    "T 0.7 + top-k 50 + top-p 0.9": SamplingParams(0.7, top_k=50, top_p=0.9),
-}
+# the head benchmark's settings, less its synthetic "broad" / "flat" logits (here the context is real text)
+CASES = {name: params for name, params in HEAD_CASES.items() if "logits" not in name}
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ Weights go to one external-data file `<name>.data` (small tensors stay inline), 
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -71,3 +72,15 @@ def plain_feeds(rng: np.random.Generator, seq: int, past: int, model_vocab: int,
     for name in names.kv_names(layers, "past"):
         feeds[name] = rng.standard_normal((1, KV_HEADS, past, HEAD_DIM)).astype(dtype)
     return feeds
+
+
+def copy_plain(source: Path, dst: Path) -> Path:
+    """A copy of a plain graph and its data file (build_* moves the data file), pointed at the copy's file."""
+    model = onnx.load(str(source), load_external_data=False)
+    for tensor in model.graph.initializer:
+        for entry in tensor.external_data:
+            if entry.key == "location":
+                shutil.copy(source.parent / entry.value, dst.with_name(f"{dst.name}.data"))
+                entry.value = f"{dst.name}.data"
+    onnx.save_model(model, str(dst))
+    return dst

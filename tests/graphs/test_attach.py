@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,7 +17,7 @@ from specpack.graphs.attach import build_draft_step_graph, build_verify_graph
 from specpack.sampling import SamplingParams
 
 from .cases import sampling_feeds
-from .plain import make_plain, plain_feeds
+from .plain import copy_plain, make_plain, plain_feeds
 
 F32 = np.float32
 PARAMS = [SamplingParams(0.0), SamplingParams(0.8), SamplingParams(1.2, top_k=20, top_p=0.9),
@@ -141,18 +140,6 @@ def test_rejects_graph_that_already_has_head_io(tmp_path: Path) -> None:
         build_draft_step_graph(plain, tmp_path / "draft_step.onnx", 50)
 
 
-def _copy_plain(source: Path, dst: Path) -> Path:
-    """A copy of a plain graph and its data file, pointed at the copy's own data file."""
-    model = onnx.load(str(source), load_external_data=False)
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                shutil.copy(source.parent / entry.value, dst.with_name(f"{dst.name}.data"))
-                entry.value = f"{dst.name}.data"
-    onnx.save_model(model, str(dst))
-    return dst
-
-
 def test_exported_tiny_model(tiny_plain_graph: Callable[..., Path], tmp_path: Path) -> None:
     """A torch.onnx.export(dynamo=True) graph of a tiny Qwen2: attach both heads, run them beside the plain graph."""
     source = Path(tiny_plain_graph("qwen2"))  # shared by other tests: attach copies
@@ -167,8 +154,8 @@ def test_exported_tiny_model(tiny_plain_graph: Callable[..., Path], tmp_path: Pa
     logits = plain_session.run([names.LOGITS], feeds)[0]  # [1, S, V]
     del plain_session
 
-    build_verify_graph(_copy_plain(source, tmp_path / "target.onnx"), tmp_path / names.VERIFY_FILE, vocab)
-    build_draft_step_graph(_copy_plain(source, tmp_path / "draft.onnx"), tmp_path / names.DRAFT_STEP_FILE, vocab)
+    build_verify_graph(copy_plain(source, tmp_path / "target.onnx"), tmp_path / names.VERIFY_FILE, vocab)
+    build_draft_step_graph(copy_plain(source, tmp_path / "draft.onnx"), tmp_path / names.DRAFT_STEP_FILE, vocab)
 
     # q with full support: the random draft tokens in input_ids have q(x) > 0, as if drawn from q
     q = oracle.transform(logits[0, seq - k - 1 : seq - 1] * F32(0.5), SamplingParams(1.0))[None]  # [1, k, V]

@@ -8,7 +8,6 @@ the full lm_head, as before pruning existed). Both must give the same tokens, co
 from __future__ import annotations
 
 import contextlib
-import shutil
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +25,7 @@ from specpack.graphs.prune_logits import LmHead, find_lm_head
 from specpack.sampling import SamplingParams
 
 from .cases import sampling_feeds
-from .plain import make_plain, plain_feeds
+from .plain import copy_plain, make_plain, plain_feeds
 
 F32 = np.float32
 FAMILIES = ("llama", "qwen2", "gpt2")
@@ -36,18 +35,6 @@ PREFILL = 7
 
 def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-
-
-def _copy_plain(source: Path, dst: Path) -> Path:
-    """A copy of a plain graph and its data file (build_* moves the data file), pointed at the copy's file."""
-    model = onnx.load(str(source), load_external_data=False)
-    for tensor in model.graph.initializer:
-        for entry in tensor.external_data:
-            if entry.key == "location":
-                shutil.copy(source.parent / entry.value, dst.with_name(f"{dst.name}.data"))
-                entry.value = f"{dst.name}.data"
-    onnx.save_model(model, str(dst))
-    return dst
 
 
 @contextlib.contextmanager
@@ -68,8 +55,8 @@ def _build(source: Path, out_dir: Path, vocab: int, pruned: bool) -> tuple[Path,
     with pytest.MonkeyPatch.context() as patch, _not_pruned_warning(not pruned):
         if not pruned:
             patch.setattr(attach, "find_lm_head", lambda graph: "disabled by the test")
-        build_verify_graph(_copy_plain(source, out_dir / "t1.onnx"), out_dir / names.VERIFY_FILE, vocab)
-        build_draft_step_graph(_copy_plain(source, out_dir / "t2.onnx"), out_dir / names.DRAFT_STEP_FILE, vocab)
+        build_verify_graph(copy_plain(source, out_dir / "t1.onnx"), out_dir / names.VERIFY_FILE, vocab)
+        build_draft_step_graph(copy_plain(source, out_dir / "t2.onnx"), out_dir / names.DRAFT_STEP_FILE, vocab)
     return out_dir / names.VERIFY_FILE, out_dir / names.DRAFT_STEP_FILE
 
 
@@ -233,7 +220,7 @@ def test_hand_built_tails(tmp_path: Path, tail: Callable[[onnx.GraphProto], None
     del session
     out = tmp_path / names.VERIFY_FILE
     with _not_pruned_warning(not pruned):
-        build_verify_graph(_copy_plain(plain, tmp_path / "copy.onnx"), out, vocab)
+        build_verify_graph(copy_plain(plain, tmp_path / "copy.onnx"), out, vocab)
     assert _lm_head_input_is_slice(out) == pruned
     verify = _session(out)
     params = PARAMS[1]
