@@ -121,7 +121,7 @@ def check_load_args(path: object, threads: object) -> str | os.PathLike[str]:
         raise SpecpackError("invalid pack path", expected="a str or pathlib.Path", found=_brief(path))
     if threads is not None:
         _integer(threads, "threads", 1, 1024, "None: ONNX Runtime's default")
-    return path  # type: ignore[return-value]
+    return path
 
 
 def check_sha256(value: object, what: str) -> str:

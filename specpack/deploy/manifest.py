@@ -16,8 +16,8 @@ import json
 import os
 import re
 import stat
-from pathlib import Path, PurePosixPath
-from typing import Annotated, Any, Literal
+from pathlib import Path
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
@@ -26,7 +26,7 @@ from specpack.errors import SpecpackError
 from specpack.export.config import K_MAX
 from specpack.runtime.tokenizer import LOADED_FILES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
 MANIFEST_BYTES_LIMIT = 16 << 20   # a real pack's manifest is ~40 KB
 JSON_DEPTH_LIMIT = 24             # the schema nests 6 deep; free-form quantization details get the rest

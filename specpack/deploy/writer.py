@@ -61,9 +61,10 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len:
 
 
 def _model_entry(pack_dir: Path, graph_file: str, source: dict[str, Any], info: ModelInfo, dtype: str) -> ModelEntry:
-    return ModelEntry(source=SourceRecord(**source), model_type=info.model_type, num_layers=info.num_layers, kv_heads=info.kv_heads,
-                      head_dim=info.head_dim, vocab_rows=info.vocab_rows, max_positions=info.max_positions,
-                      dtype=dtype, graph=graph_entry(pack_dir, graph_file))
+    return ModelEntry.model_validate({
+        "source": SourceRecord(**source), "model_type": info.model_type, "num_layers": info.num_layers,
+        "kv_heads": info.kv_heads, "head_dim": info.head_dim, "vocab_rows": info.vocab_rows,
+        "max_positions": info.max_positions, "dtype": dtype, "graph": graph_entry(pack_dir, graph_file)})
 
 
 def graph_entry(pack_dir: Path, graph_file: str) -> GraphEntry:

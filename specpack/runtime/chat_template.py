@@ -166,7 +166,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
             budget.check_size(result, f"the result of {operator!r}")
         return result
 
-    def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+    def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         budget = _tick()
         method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format and str.format_map
         if budget is not None and isinstance(getattr(method, "__self__", None), str) and \
