@@ -44,15 +44,17 @@ ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain i
 }
 PLAIN_INPUTS = {names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, names.TEMPERATURE, names.TOP_K, names.TOP_P}
 
-_PRINTABLE = re.compile(r"[^\x00-\x1f\x7f-\x9f\ud800-\udfff\u2028\u2029]*")
+_UNPRINTABLE = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\ud800-\\udfff"  # controls, line separators, lone surrogates
+_PRINTABLE = re.compile(f"[^{_UNPRINTABLE}]*")
+_PART = f"(?!\\.\\.?(?:/|$))[^/\\\\{_UNPRINTABLE}]+"  # a path part: not "." or "..", no "/" or "\\"
+# relative POSIX path inside the pack: parts joined by "/", the first without ":" (no drive letters or URLs)
+_REL_PATH = re.compile(f"(?![^/]*:){_PART}(?:/{_PART})*")
 
 
 def _relative_posix_path(path: str) -> str:
-    """A path inside the pack: relative, POSIX, no `.`/`..`/empty parts, no backslashes or drive letters."""
-    parts = path.split("/")
-    if path.startswith("/") or "\\" in path or ":" in parts[0] or any(p in ("", ".", "..") for p in parts):
+    if not _REL_PATH.fullmatch(path):
         raise ValueError("must be a relative POSIX path inside the pack (no leading '/', '..', '.', '\\', "
-                         "empty parts or drive letters)")
+                         "empty parts, drive letters or control characters)")
     return path
 
 
@@ -62,11 +64,12 @@ def _printable(text: str) -> str:
     return text
 
 
-RelPath = Annotated[str, Field(min_length=1, max_length=512), AfterValidator(_printable),
+RelPath = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={"pattern": f"^{_REL_PATH.pattern}$"}),
                     AfterValidator(_relative_posix_path)]
 Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
 Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[\x20-\x7e]+$")]  # printable ASCII
-Text = Annotated[str, Field(max_length=4096), AfterValidator(_printable)]
+Text = Annotated[str, Field(max_length=4096, json_schema_extra={"pattern": f"^{_PRINTABLE.pattern}$"}),
+                 AfterValidator(_printable)]
 Dim = Annotated[int, Field(ge=1, le=DIM_LIMIT)]
 
 
