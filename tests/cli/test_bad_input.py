@@ -131,3 +131,12 @@ def test_generate_json_prints_one_object(pack: Path) -> None:
     out = json.loads(text)
     assert set(out) == {"tokens", "text", "stats"} and len(out["tokens"]) <= 12
     assert {"alpha", "tau", "steps", "proposed", "accepted", "per_position", "tokens_per_s"} <= set(out["stats"])
+
+
+def test_model_dir_without_weights(tmp_path: Path, tiny_pairs) -> None:
+    draft, target = tiny_pairs("qwen2")
+    bare = tmp_path / "bare"
+    shutil.copytree(target, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    code, text = _run(["--draft", str(draft), "--target", str(bare), "-o", str(tmp_path / "p")], spec_export)
+    _assert_error(code, text, "has no weights", "config.json")
+    assert code == 2 and not (tmp_path / "p").exists()
