@@ -255,5 +255,9 @@ def publish(staging: Path, out: Path, overwrite: bool) -> None:
     check_destination(out, overwrite)
     old = out.with_name(f"{temp_prefix(f'.{out.name}.old-')}{secrets.token_hex(4)}")
     out.rename(old)
-    staging.rename(out)
+    try:
+        staging.rename(out)
+    except BaseException:
+        old.rename(out)  # the old pack stays where it was
+        raise
     shutil.rmtree(old, ignore_errors=True)

@@ -90,6 +90,13 @@ def test_publish_replaces_a_pack_despite_a_stale_old_directory(tmp_path: Path) -
     assert not list(tmp_path.glob(".p.old-*"))
 
 
+def test_a_failed_publish_keeps_the_old_pack(tmp_path: Path) -> None:
+    out = _fake_pack(tmp_path / "p")
+    with pytest.raises(FileNotFoundError):
+        publish(tmp_path / "vanished", out, overwrite=True)
+    assert (out / "verify.onnx").read_text() == "graph" and not list(tmp_path.glob(".p.old-*"))
+
+
 def test_stale_temp_dirs_of_dead_processes_are_removed(tmp_path: Path) -> None:
     dead = tmp_path / f"{temp_prefix('.p.partial-').replace(str(os.getpid()), str(_dead_pid()))}abc"
     live = tmp_path / f"{temp_prefix('.p.partial-')}def"
