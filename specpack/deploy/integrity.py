@@ -40,8 +40,7 @@ def verify_pack(pack_dir: Path, manifest: Manifest, *, full: bool = False) -> li
     fresh: dict[str, list[object]] = {}
     for entry in manifest.files:
         path = paths[entry.path]
-        st = _check_present(path, entry)
-        key = [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, entry.sha256]
+        key = stamp_key(path, entry)
         if stamp.get(entry.path) != key:
             digest = sha256_file(path)
             hashed.append(entry.path)
@@ -72,6 +71,12 @@ def resolve_files(pack_dir: Path, manifest: Manifest) -> dict[str, Path]:
                                 hint="copy the pack with its files, not links to them (cp -rL), or re-export it")
         out[entry.path] = real
     return out
+
+
+def stamp_key(path: Path, entry: FileEntry) -> list[object]:
+    """What the fast path compares: the file's identity, size and times, and the hash it must have."""
+    st = _check_present(path, entry)
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, entry.sha256]
 
 
 def extra_files(pack_dir: Path, manifest: Manifest) -> list[str]:

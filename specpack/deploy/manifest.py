@@ -28,7 +28,7 @@ from specpack.runtime.tokenizer import LOADED_FILES
 
 SCHEMA_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
-MANIFEST_BYTES_LIMIT = 16 << 20   # a real pack's manifest is ~40 KB
+MANIFEST_BYTES_LIMIT = 16 << 20   # the real Qwen2.5-Coder pack's manifest is 53 KB
 JSON_DEPTH_LIMIT = 24             # the schema nests 6 deep; free-form quantization details get the rest
 JSON_NODES_LIMIT = 1 << 20
 MAX_LEN_LIMIT = 1 << 18           # 262,144 positions: KV buffers are allocated for max_len up front
