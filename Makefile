@@ -38,4 +38,4 @@ bench: pack
 	SPECPACK=$(VENV)/bin/specpack bash bench/run_cpu.sh $(DEMO_PACK)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -51,6 +51,7 @@ NEXT_TOKEN = "next_token"
 
 DRAFT_STEP_FILE = "draft_step.onnx"
 VERIFY_FILE = "verify.onnx"
+TOKENIZER_DIR = "tokenizer"  # the pack's tokenizer folder (runtime/tokenizer.py: LOADED_FILES are read from it)
 
 
 def past_name(layer: int, kind: str) -> str:

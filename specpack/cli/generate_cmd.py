@@ -9,7 +9,9 @@ from pathlib import Path
 import click
 
 from specpack.cli.errors import user_errors
+from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
+from specpack.validation import check_generate_args
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -23,6 +25,10 @@ def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         except OSError as err:
             raise SpecpackError(f"cannot read --prompt-file {prompt_file}", expected="a readable UTF-8 text file",
                                 found=err.strerror or str(err)) from err
+        except UnicodeDecodeError as err:
+            raise SpecpackError(f"--prompt-file {prompt_file} is not UTF-8 text", expected="a UTF-8 text file",
+                                found=f"byte 0x{err.object[err.start]:02x} at offset {err.start}",
+                                hint="convert it, e.g. iconv -f latin1 -t utf-8") from None
         prompt = text[:-1] if text.endswith("\n") else text
     assert prompt is not None
     if not prompt:
@@ -40,23 +46,25 @@ def _print_piece(text: str) -> None:
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--k", "k", type=int, default=None, help="Drafts per step, 1..16 (default: the pack's k_max).")
+@click.option("--k", "k", type=int, default=None, help="Drafts per step, 0..16 (default: the pack's k_max; 0: no drafts).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as one user message in the model's chat template.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 disables.")
 @click.option("--seed", type=int, default=None, help="Seed of the uniforms (sampling only).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object {tokens, text, stats} and nothing else.")
+@click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
 def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, max_new_tokens: int, k: int | None,
-                     chat: bool, temperature: float, top_k: int, top_p: float, seed: int | None, as_json: bool) -> None:
+                     chat: bool, temperature: float, top_k: int, top_p: float, seed: int | None, as_json: bool,
+                     manifest_sha256: str | None) -> None:
     """Generate a completion with speculative decoding."""
     import specpack
 
     text = read_prompt(prompt, prompt_file)
-    if k is not None and not 1 <= k <= 16:
-        raise SpecpackError("invalid --k", expected="an integer in 1..16", found=str(k))
-    loaded = specpack.load(pack)
+    check_generate_args(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                        chat=chat)  # the checks Pack.generate repeats with the pack's limits, before loading it
+    loaded = specpack.load(pack, manifest_sha256=manifest_sha256)
     on_text = None if as_json else _print_piece
     out = loaded.generate(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                           chat=chat, on_text=on_text)

@@ -6,6 +6,7 @@ import click
 
 from specpack import __version__
 from specpack.cli.bench_cmd import bench_command
+from specpack.cli.errors import debug_option
 from specpack.cli.export_cmd import export_command
 from specpack.cli.fetch_cmd import fetch_command
 from specpack.cli.generate_cmd import generate_command
@@ -13,6 +14,7 @@ from specpack.cli.pack_cmds import inspect_command, verify_command
 
 
 @click.group()
+@debug_option
 @click.version_option(__version__, prog_name="specpack")
 def cli() -> None:
     """specpack: compiled speculative decoding (fetch, export, generate, bench, inspect, verify)."""

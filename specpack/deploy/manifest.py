@@ -1,106 +1,280 @@
-"""The pack manifest: what a pack holds, with hashes and I/O specs. Read by the runtime, written by deploy/."""
+"""The pack manifest, defined once: a typed, bounded schema (pydantic) that the writer and every reader use.
+
+    PACK/manifest.json  --read_manifest_bytes-->  bytes (size-capped, inside the pack, optionally pinned by sha256)
+                        --parse_json-->           JSON (no duplicate keys, NaN, deep nesting or lone surrogates)
+                        --Manifest.model_validate(strict)-->  Manifest (every field typed and bounded, cross-checked)
+
+Any problem is a SpecpackError naming the field. `python -m specpack.deploy.schema` writes the same schema as
+JSON Schema (docs/manifest.schema.json) for other tools; the cross-field rules (the `_check_*` validators
+below) are listed in its description.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+import os
+import re
+import stat
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Final, Literal
 
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+
+from specpack import names
 from specpack.errors import SpecpackError
+from specpack.export.config import K_MAX
+from specpack.runtime.tokenizer import LOADED_FILES
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
+MANIFEST_BYTES_LIMIT = 16 << 20   # the real Qwen2.5-Coder pack's manifest is 53 KB
+JSON_DEPTH_LIMIT = 24             # the schema nests 6 deep; free-form quantization details get the rest
+JSON_NODES_LIMIT = 1 << 20
+MAX_LEN_LIMIT = 1 << 18           # 262,144 positions: KV buffers are allocated for max_len up front
+VOCAB_LIMIT = 1 << 22
+DIM_LIMIT = 1 << 16
+SIZE_LIMIT = 1 << 50              # bytes in one file
+ERRORS_SHOWN = 5
+KV_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # model dtype -> its KV cache element type
+TOKENIZER_FILES = tuple(f"{names.TOKENIZER_DIR}/{f}" for f in LOADED_FILES)  # what the runtime's tokenizer opens
+ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain inputs and the KV cache
+    "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
+    "target": ({names.DRAFT_PROBS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN}),
+}
+PLAIN_INPUTS = {names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, names.TEMPERATURE, names.TOP_K, names.TOP_P}
+
+_UNPRINTABLE = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\ud800-\\udfff"  # controls, line separators, lone surrogates
+_PRINTABLE = re.compile(f"[^{_UNPRINTABLE}]*")
+_PART = f"(?!\\.\\.?(?:/|$))[^/\\\\{_UNPRINTABLE}]+"  # a path part: not "." or "..", no "/" or "\\"
+# relative POSIX path inside the pack: parts joined by "/", the first without ":" (no drive letters or URLs)
+_REL_PATH = re.compile(f"(?![^/]*:){_PART}(?:/{_PART})*")
 
 
-@dataclass(frozen=True)
-class TensorSpec:
-    """One graph input or output: name, element type ("float32", "int64", ...) and shape (ints or symbols)."""
-
-    name: str
-    dtype: str
-    shape: list[int | str]
+def _relative_posix_path(path: str) -> str:
+    if not _REL_PATH.fullmatch(path):
+        raise ValueError("must be a relative POSIX path inside the pack (no leading '/', '..', '.', '\\', "
+                         "empty parts, drive letters or control characters)")
+    return path
 
 
-@dataclass(frozen=True)
-class FileEntry:
+def _printable(text: str) -> str:
+    if not _PRINTABLE.fullmatch(text):
+        raise ValueError("must not contain control characters or lone surrogates")
+    return text
+
+
+RelPath = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={"pattern": f"^{_REL_PATH.pattern}$"}),
+                    AfterValidator(_relative_posix_path)]
+Sha256 = Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+Name = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[\x20-\x7e]+$")]  # printable ASCII
+Text = Annotated[str, Field(max_length=4096, json_schema_extra={"pattern": f"^{_PRINTABLE.pattern}$"}),
+                 AfterValidator(_printable)]
+Dim = Annotated[int, Field(ge=1, le=DIM_LIMIT)]
+
+
+class _Closed(BaseModel):
+    """Unknown fields are refused; instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class _Open(BaseModel):
+    """Typed fields plus free-form JSON details (for stages that add records later)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
+
+
+class TensorSpec(_Closed):
+    """One graph input or output: name, element type ("float32", "int64", ...) and shape (sizes or symbols)."""
+
+    name: Name
+    dtype: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")]
+    shape: list[Annotated[int, Field(ge=0, le=1 << 40)] | Name] = Field(max_length=16)
+
+
+class FileEntry(_Closed):
     """A file of the pack, relative to the pack root."""
 
-    path: str
-    sha256: str
-    size: int
+    path: RelPath
+    sha256: Sha256
+    size: Annotated[int, Field(ge=0, le=SIZE_LIMIT)]
 
 
-@dataclass(frozen=True)
-class GraphEntry:
+class GraphEntry(_Closed):
     """A graph the runtime loads: its .onnx file, its external data files and its I/O."""
 
-    path: str
-    data_files: list[str]
-    inputs: list[TensorSpec]
-    outputs: list[TensorSpec]
+    path: RelPath
+    data_files: list[RelPath] = Field(max_length=4096)
+    inputs: list[TensorSpec] = Field(max_length=4096)
+    outputs: list[TensorSpec] = Field(max_length=4096)
+    kv_cache: Literal["concat", "static"] = "concat"  # concat: present = past + new; static: buffers of max_len
+    attention: Name | None = None                     # the attention form, e.g. "gqa", "standard"
 
 
-@dataclass(frozen=True)
-class ModelEntry:
-    """One of the two models: where it came from and the cache geometry the runtime allocates for."""
+class Fidelity(_Open):
+    """How close the quantized model stays to the unquantized one (measured at export)."""
 
-    source: dict[str, Any]
-    model_type: str
-    num_layers: int
-    kv_heads: int
-    head_dim: int
-    vocab_rows: int
-    max_positions: int | None
-    dtype: str
+    alpha: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    tau: Annotated[float, Field(ge=0, le=1 << 10, allow_inf_nan=False)] | None = None
+    top1_agreement: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    kl: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+
+class Calibration(_Open):
+    """What calibration ran on, so it can be repeated."""
+
+    method: Name
+    samples: Annotated[int, Field(ge=0, le=1 << 31)] = 0
+    dataset_sha256: Sha256 | None = None
+    versions: dict[Name, Name] = Field(default_factory=dict, max_length=64)  # library -> version
+
+
+class Quantization(_Open):
+    """How a model's weights are stored; `details` of later methods go in as extra JSON fields."""
+
+    method: Literal["none", "int8", "int4", "gguf", "int8-sq", "fp8"]
+    block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
+    accuracy_level: Annotated[int, Field(ge=0, le=16)] | None = None
+    tensors: dict[Name, Name] = Field(default_factory=dict, max_length=1 << 16)  # tensor name or pattern -> form
+    fidelity: Fidelity | None = None
+    calibration: Calibration | None = None
+
+
+class SourceRecord(_Closed):
+    """Where a model came from (informational: the runtime never opens these paths)."""
+
+    source: Text
+    resolved: Text | None = None
+    model_type: Name | None = None
+    files: dict[Annotated[Text, Field(min_length=1)], Sha256] = Field(default_factory=dict, max_length=4096)
+
+
+class ModelEntry(_Closed):
+    """One model: where it came from, the cache geometry the runtime allocates for, and its graph."""
+
+    source: SourceRecord
+    model_type: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.-]{1,64}$")]
+    num_layers: Annotated[int, Field(ge=1, le=1024)]
+    kv_heads: Annotated[int, Field(ge=1, le=1024)]
+    head_dim: Annotated[int, Field(ge=1, le=4096)]
+    vocab_rows: Annotated[int, Field(ge=1, le=VOCAB_LIMIT)]
+    max_positions: Annotated[int, Field(ge=2, le=1 << 31)] | None
+    dtype: Literal["fp32", "fp16", "bf16"]
+    quantization: Quantization | None = None
     graph: GraphEntry
 
+    @model_validator(mode="after")
+    def _check_kv_cache_io(self) -> ModelEntry:
+        """The graph's KV inputs and outputs are exactly the ones the runtime binds, shaped as declared."""
+        g = self.graph
+        for specs, prefix in ((g.inputs, "past"), (g.outputs, "present")):
+            want = names.kv_names(self.num_layers, prefix)
+            have = {s.name: s for s in specs if s.name.startswith(want[0].split(".")[0] + ".")}
+            if set(have) != set(want):
+                raise ValueError(f"{prefix} KV tensors of the graph do not match num_layers {self.num_layers}: "
+                                 f"expected {want[0]} .. {want[-1]}, found {len(have)} such tensors")
+            for spec in have.values():
+                _check_kv_spec(spec, self)
+        for specs in (g.inputs, g.outputs):
+            seen = [s.name for s in specs]
+            if len(seen) != len(set(seen)):
+                raise ValueError("graph input or output names repeat")
+        return self
 
-@dataclass(frozen=True)
-class Manifest:
-    draft: ModelEntry
+
+def _check_kv_spec(spec: TensorSpec, model: ModelEntry) -> None:
+    if spec.dtype != KV_DTYPES[model.dtype]:
+        raise ValueError(f"{spec.name} is {spec.dtype}, while dtype {model.dtype} needs {KV_DTYPES[model.dtype]}")
+    if len(spec.shape) != 4:
+        raise ValueError(f"{spec.name} has {len(spec.shape)} dims, expected 4 [batch, kv_heads, length, head_dim]")
+    heads, dim = spec.shape[1], spec.shape[3]
+    if (isinstance(heads, int) and heads != model.kv_heads) or (isinstance(dim, int) and dim != model.head_dim):
+        raise ValueError(f"{spec.name} has shape {spec.shape}, while kv_heads is {model.kv_heads} "
+                         f"and head_dim {model.head_dim}")
+
+
+class EngineEntry(_Closed):
+    """A prebuilt engine (executable code): loaded only when listed here, and only after its hash is checked."""
+
+    path: RelPath
+    role: Literal["draft", "target"]
+    backend: Literal["tensorrt"]
+    gpu: Text                                                       # e.g. "NVIDIA H200"
+    compute_capability: Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
+    tensorrt_version: Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+){0,3}$")]
+
+
+class Manifest(_Closed):
+    """What a pack holds. Field `draft` is absent when `drafter` is "ngram" (a pack without a draft model)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    specpack_version: Annotated[str, Field(max_length=64, pattern=r"^[\x20-\x7e]*$")] = ""
+    drafter: Literal["model", "ngram"] = "model"
+    draft_model: ModelEntry | None = Field(default=None, alias="draft")
     target: ModelEntry
-    vocab_size: int  # logits width both graphs use
-    eos_token_ids: list[int]
-    k_max: int
-    max_len: int
-    tokenizer_files: list[str]
+    vocab_size: Annotated[int, Field(ge=1, le=VOCAB_LIMIT)]  # the logits width both graphs use
+    eos_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=256)
+    k_max: Annotated[int, Field(ge=1, le=K_MAX)]
+    max_len: Annotated[int, Field(ge=2, le=MAX_LEN_LIMIT)]
+    tokenizer_files: list[RelPath] = Field(min_length=1, max_length=64)
     has_chat_template: bool
-    files: list[FileEntry]
-    quantization: str | None = None
-    backends: list[str] = field(default_factory=lambda: ["onnxruntime"])
-    engines: list[dict[str, Any]] = field(default_factory=list)
-    specpack_version: str = ""
-    schema_version: int = SCHEMA_VERSION
+    files: list[FileEntry] = Field(min_length=1, max_length=1 << 16)
+    backends: list[Annotated[str, Field(pattern=r"^[a-z0-9_.-]{1,32}$")]] = Field(
+        default_factory=lambda: ["onnxruntime"], min_length=1, max_length=16)
+    engines: list[EngineEntry] = Field(default_factory=list, max_length=256)
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2)
-
-    def write(self, pack_dir: Path) -> None:
-        (pack_dir / MANIFEST_FILE).write_text(self.to_json() + "\n")
-
+    @model_validator(mode="before")
     @classmethod
-    def read(cls, pack_dir: Path) -> Manifest:
-        """Parse `pack_dir/manifest.json`; any problem is a SpecpackError that says what to do."""
-        path = pack_dir / MANIFEST_FILE
-        if not pack_dir.is_dir():
-            raise SpecpackError(f"no pack at {pack_dir}", expected="a pack directory written by spec-export",
-                                found="no such directory" if not pack_dir.exists() else "a file")
-        if not path.is_file():
-            raise SpecpackError(f"{pack_dir} is not a pack", expected=f"{MANIFEST_FILE} in the directory",
-                                found="no manifest", hint="export one with `spec-export --draft D --target T -o PACK`")
-        try:
-            raw = json.loads(path.read_text())
-            version = raw.get("schema_version")
-            if version != SCHEMA_VERSION:
-                raise SpecpackError("unsupported pack schema", expected=f"schema_version {SCHEMA_VERSION}",
-                                    found=f"schema_version {version!r}", hint="re-export the pack with this version")
-            return _manifest_from_dict(raw)
-        except SpecpackError:
-            raise
-        except (ValueError, KeyError, TypeError) as err:
-            raise SpecpackError(f"corrupted manifest {path}", expected="the JSON written by spec-export",
-                                found=f"{type(err).__name__}: {err}", hint="re-export the pack") from err
+    def _drop_legacy_fields(cls, data: Any) -> Any:
+        """Packs written before per-model quantization carry `"quantization": null` at the top: it meant none."""
+        if isinstance(data, dict) and "quantization" in data and data["quantization"] is None:
+            return {key: value for key, value in data.items() if key != "quantization"}
+        return data
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> Manifest:
+        if (self.draft_model is None) != (self.drafter == "ngram"):
+            raise ValueError(f"drafter {self.drafter!r} needs " + ("a draft model entry" if self.drafter == "model"
+                                                                   else "no draft model entry"))
+        for role, model in self.models():
+            _check_graph_names(role, model, self.vocab_size)
+            if model.vocab_rows < self.vocab_size:
+                raise ValueError(f"vocab_size {self.vocab_size} is larger than the {role}'s vocab_rows {model.vocab_rows}")
+            if model.max_positions is not None and self.max_len > model.max_positions:
+                raise ValueError(f"max_len {self.max_len} is past the {role}'s position limit {model.max_positions}")
+        bad_eos = [i for i in self.eos_token_ids if i >= self.vocab_size]
+        if bad_eos:
+            raise ValueError(f"eos_token_ids {bad_eos[:5]} are outside the vocabulary [0, {self.vocab_size})")
+        _check_files(self)
+        return self
+
+    @property
+    def draft(self) -> ModelEntry:
+        """The draft model; a SpecpackError for a pack without one (drafter "ngram")."""
+        if self.draft_model is None:
+            raise SpecpackError("this pack has no draft model", expected="a pack with drafter 'model'",
+                                found=f"drafter {self.drafter!r}")
+        return self.draft_model
+
+    def models(self) -> list[tuple[str, ModelEntry]]:
+        """(role, entry) of each model in the pack: the draft (when there is one), then the target."""
+        return [(role, m) for role, m in (("draft", self.draft_model), ("target", self.target)) if m is not None]
+
+    @property
+    def quantization(self) -> str | None:
+        """A one-line summary of the models' quantization, or None when no model is quantized."""
+        forms = [f"{role} {m.quantization.method}" for role, m in self.models()
+                 if m.quantization is not None and m.quantization.method != "none"]
+        return ", ".join(forms) or None
+
+    def loaded_files(self) -> list[str]:
+        """Every file the runtime opens: graphs, their external data, the tokenizer's files and engines."""
+        graphs = [p for _, m in self.models() for p in (m.graph.path, *m.graph.data_files)]
+        return list(dict.fromkeys([*graphs, *TOKENIZER_FILES, *self.tokenizer_files, *(e.path for e in self.engines)]))
 
     def file_entry(self, relpath: str) -> FileEntry:
         for entry in self.files:
@@ -108,18 +282,172 @@ class Manifest:
                 return entry
         raise SpecpackError("file not listed in the manifest", expected="a listed file", found=relpath)
 
+    def to_json(self) -> str:
+        return self.model_dump_json(by_alias=True, indent=2)
 
-def _graph_from_dict(raw: dict[str, Any]) -> GraphEntry:
-    return GraphEntry(path=raw["path"], data_files=list(raw["data_files"]),
-                      inputs=[TensorSpec(**t) for t in raw["inputs"]], outputs=[TensorSpec(**t) for t in raw["outputs"]])
+    def write(self, pack_dir: Path) -> None:
+        (pack_dir / MANIFEST_FILE).write_text(self.to_json() + "\n", encoding="utf-8")
+
+    @classmethod
+    def read(cls, pack_dir: Path, *, sha256: str | None = None) -> Manifest:
+        """Parse and validate `pack_dir/manifest.json`; with `sha256`, refuse a manifest whose digest differs."""
+        return parse_manifest(read_manifest_bytes(Path(pack_dir), sha256=sha256), Path(pack_dir) / MANIFEST_FILE)
 
 
-def _model_from_dict(raw: dict[str, Any]) -> ModelEntry:
-    fields = {k: v for k, v in raw.items() if k != "graph"}
-    return ModelEntry(**fields, graph=_graph_from_dict(raw["graph"]))
+def _check_graph_names(role: str, model: ModelEntry, vocab_size: int) -> None:
+    """The names the runtime binds are in the graph; the q tensors are as wide as the vocabulary."""
+    extra_in, extra_out = ROLE_IO[role]
+    inputs = {s.name: s for s in model.graph.inputs}
+    outputs = {s.name: s for s in model.graph.outputs}
+    missing = sorted((PLAIN_INPUTS | extra_in) - set(inputs)) + sorted(extra_out - set(outputs))
+    if missing:
+        raise ValueError(f"the {role} graph lacks {missing}")
+    for spec in (inputs.get(names.DRAFT_PROBS), outputs.get(names.PROBS)):
+        if spec is not None and spec.shape and isinstance(spec.shape[-1], int) and spec.shape[-1] != vocab_size:
+            raise ValueError(f"{role} graph's {spec.name} has shape {spec.shape}, while vocab_size is {vocab_size}")
 
 
-def _manifest_from_dict(raw: dict[str, Any]) -> Manifest:
-    fields = {k: v for k, v in raw.items() if k not in ("draft", "target", "files")}
-    return Manifest(draft=_model_from_dict(raw["draft"]), target=_model_from_dict(raw["target"]),
-                    files=[FileEntry(**f) for f in raw["files"]], **fields)
+def _check_files(manifest: Manifest) -> None:
+    """Every file the runtime opens is listed (so it is hashed before it is opened); no file is listed twice."""
+    listed = [f.path for f in manifest.files]
+    if len(listed) != len(set(listed)):
+        raise ValueError("a file is listed twice in files")
+    if MANIFEST_FILE in listed:
+        raise ValueError(f"files lists {MANIFEST_FILE} itself")
+    unlisted = sorted(set(manifest.loaded_files()) - set(listed))
+    if unlisted:
+        raise ValueError(f"files the runtime opens are not listed in files (so never checked): {unlisted[:5]}")
+
+
+def manifest_sha256(pack_dir: Path) -> str:
+    """The sha256 of a pack's manifest.json: pin it to refuse any pack but the one deployed."""
+    return hashlib.sha256(read_manifest_bytes(Path(pack_dir))).hexdigest()
+
+
+def read_manifest_bytes(pack_dir: Path, *, sha256: str | None = None) -> bytes:
+    """manifest.json's bytes: a regular file inside the pack, at most MANIFEST_BYTES_LIMIT, matching `sha256`."""
+    if sha256 is not None:
+        from specpack.validation import check_sha256
+
+        sha256 = check_sha256(sha256, "manifest_sha256")
+    if not pack_dir.is_dir():
+        raise SpecpackError(f"no pack at {pack_dir}", expected="a pack directory written by spec-export",
+                            found="no such directory" if not pack_dir.exists() else "a file")
+    path = pack_dir / MANIFEST_FILE
+    try:
+        inside = path.resolve().is_relative_to(pack_dir.resolve())
+        st = os.stat(path)
+    except (OSError, RuntimeError):
+        raise SpecpackError(f"{pack_dir} is not a pack", expected=f"{MANIFEST_FILE} in the directory",
+                            found="no manifest", hint="export one with `spec-export --draft D --target T -o PACK`"
+                            ) from None
+    if not inside or not stat.S_ISREG(st.st_mode):
+        raise SpecpackError(f"{path} is not a plain file of the pack", expected="a regular file inside the pack",
+                            found="a link to a path outside the pack" if not inside else "not a regular file",
+                            hint="re-export the pack")
+    if st.st_size > MANIFEST_BYTES_LIMIT:
+        raise SpecpackError(f"{path} is too large", expected=f"at most {MANIFEST_BYTES_LIMIT:,} bytes",
+                            found=f"{st.st_size:,} bytes", hint="re-export the pack")
+    with open(path, "rb") as f:
+        data = f.read(MANIFEST_BYTES_LIMIT + 1)[:MANIFEST_BYTES_LIMIT]
+    if sha256 is not None and (digest := hashlib.sha256(data).hexdigest()) != sha256:
+        raise SpecpackError(f"{path} is not the manifest this pack was pinned to", expected=f"sha256 {sha256}",
+                            found=f"sha256 {digest}",
+                            hint="the pack was changed or replaced since it was deployed: deploy it again")
+    return data
+
+
+def parse_manifest(data: bytes, path: Path | str = MANIFEST_FILE) -> Manifest:
+    """Validate manifest bytes against the schema; every problem is a SpecpackError naming the fields."""
+    raw = parse_json(data, path)
+    if not isinstance(raw, dict):
+        raise _corrupted(path, f"a JSON {_json_type(raw)}")
+    version = raw.get("schema_version")
+    if type(version) is not int or version != SCHEMA_VERSION:
+        newer = type(version) is int and version > SCHEMA_VERSION
+        raise SpecpackError("unsupported pack schema", expected=f"schema_version {SCHEMA_VERSION}",
+                            found=f"schema_version {_brief(version)}",
+                            hint="upgrade specpack to read this pack" if newer else "re-export the pack with this version")
+    try:
+        return Manifest.model_validate(raw, strict=True)
+    except ValidationError as err:
+        raise schema_error(err, f"{path} does not match the pack schema") from None
+
+
+def schema_error(err: ValidationError, what: str) -> SpecpackError:
+    """A SpecpackError listing the first few fields that failed (never their values: they may be huge)."""
+    problems = err.errors(include_url=False, include_input=False, include_context=False)
+    shown = [f"{_location(p['loc'])}: {p['msg'][:200]}" for p in problems[:ERRORS_SHOWN]]
+    more = f" (and {len(problems) - ERRORS_SHOWN} more)" if len(problems) > ERRORS_SHOWN else ""
+    return SpecpackError(what, expected="a manifest written by spec-export (docs/manifest.schema.json)",
+                         found="; ".join(shown) + more, hint="re-export the pack")
+
+
+def parse_json(data: bytes, path: Path | str) -> Any:
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, bounded nesting and size."""
+    try:
+        text = data.decode("utf-8")
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+    except UnicodeDecodeError as err:
+        raise _corrupted(path, f"bytes that are not UTF-8 (at byte {err.start})") from None
+    except RecursionError:
+        raise _corrupted(path, "JSON nested too deeply") from None
+    except ValueError as err:  # JSONDecodeError, duplicate keys, NaN, ints of more than 4300 digits
+        raise _corrupted(path, str(err).splitlines()[0][:200]) from None
+    _check_shape(value, path)
+    return value
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        raise ValueError("a JSON object repeats a key")
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _check_shape(value: Any, path: Path | str) -> None:
+    """Iteratively: nesting depth, node count, and every string valid Unicode (no lone surrogates)."""
+    stack, nodes = [(value, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if depth > JSON_DEPTH_LIMIT or nodes > JSON_NODES_LIMIT:
+            raise _corrupted(path, f"JSON nested deeper than {JSON_DEPTH_LIMIT} levels" if depth > JSON_DEPTH_LIMIT
+                             else f"more than {JSON_NODES_LIMIT:,} JSON values")
+        if isinstance(node, dict):
+            stack.extend((item, depth + 1) for pair in node.items() for item in pair)
+        elif isinstance(node, list):
+            stack.extend((item, depth + 1) for item in node)
+        elif isinstance(node, str):
+            try:
+                node.encode("utf-8")
+            except UnicodeEncodeError:
+                raise _corrupted(path, "a string with a lone surrogate (\\ud800-\\udfff)") from None
+
+
+def _corrupted(path: Path | str, found: str) -> SpecpackError:
+    return SpecpackError(f"corrupted manifest {path}", expected="a JSON object written by spec-export", found=found,
+                         hint="re-export the pack")
+
+
+def _location(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return _brief(out or "manifest", quote=False)
+
+
+def _json_type(value: Any) -> str:
+    return {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(type(value), "null")
+
+
+def _brief(value: Any, *, quote: bool = True, limit: int = 60) -> str:
+    """A short, printable rendering of a value from an untrusted file."""
+    text = repr(value) if quote else str(value)
+    text = text.encode("ascii", "backslashreplace").decode("ascii")
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -5,8 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from specpack import __version__
-from specpack.deploy.manifest import MANIFEST_FILE, FileEntry, GraphEntry, Manifest, ModelEntry, TensorSpec
+from specpack.deploy.manifest import (
+    MANIFEST_FILE,
+    FileEntry,
+    GraphEntry,
+    Manifest,
+    ModelEntry,
+    SourceRecord,
+    TensorSpec,
+    parse_manifest,
+    schema_error,
+)
 from specpack.hashing import sha256_file
 from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
 
@@ -19,9 +31,22 @@ if TYPE_CHECKING:
 def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int,
                         tokenizer: TokenizerRecord, draft: tuple[dict[str, Any], ModelInfo],
                         target: tuple[dict[str, Any], ModelInfo]) -> Manifest:
+    """Validated against the schema before it is written: a pack the reader would refuse is never written."""
+    try:
+        manifest = _manifest(pack_dir, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
+                             draft=draft, target=target)
+    except ValidationError as err:
+        raise schema_error(err, "the export produced a manifest that does not match the pack schema") from None
+    parse_manifest(manifest.to_json().encode())  # the reader takes exactly what is written
+    manifest.write(pack_dir)
+    return manifest
+
+
+def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int, tokenizer: TokenizerRecord,
+              draft: tuple[dict[str, Any], ModelInfo], target: tuple[dict[str, Any], ModelInfo]) -> Manifest:
     files = [FileEntry(path=p.relative_to(pack_dir).as_posix(), sha256=sha256_file(p), size=p.stat().st_size)
              for p in sorted(pack_dir.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(".")]
-    manifest = Manifest(
+    return Manifest(
         draft=_model_entry(pack_dir, DRAFT_STEP_FILE, *draft, config.dtype),
         target=_model_entry(pack_dir, VERIFY_FILE, *target, config.dtype),
         vocab_size=vocab_size,
@@ -33,14 +58,13 @@ def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int
         files=files,
         specpack_version=__version__,
     )
-    manifest.write(pack_dir)
-    return manifest
 
 
 def _model_entry(pack_dir: Path, graph_file: str, source: dict[str, Any], info: ModelInfo, dtype: str) -> ModelEntry:
-    return ModelEntry(source=source, model_type=info.model_type, num_layers=info.num_layers, kv_heads=info.kv_heads,
-                      head_dim=info.head_dim, vocab_rows=info.vocab_rows, max_positions=info.max_positions,
-                      dtype=dtype, graph=graph_entry(pack_dir, graph_file))
+    return ModelEntry.model_validate({
+        "source": SourceRecord(**source), "model_type": info.model_type, "num_layers": info.num_layers,
+        "kv_heads": info.kv_heads, "head_dim": info.head_dim, "vocab_rows": info.vocab_rows,
+        "max_positions": info.max_positions, "dtype": dtype, "graph": graph_entry(pack_dir, graph_file)})
 
 
 def graph_entry(pack_dir: Path, graph_file: str) -> GraphEntry:

@@ -21,11 +21,13 @@ import re
 import shutil
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack.errors import SpecpackError
+from specpack.export.gguf_tensors import load_covered
+from specpack.export.staging import remove_stale, temp_prefix
 from specpack.hashing import sha256_file
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 CONVERTER_VERSION = 1  # bump when the output of a conversion changes, so old cache entries are not reused
 RECORD = "specpack-source.json"  # written last into every converted directory
+TMP_BASE = ".tmp-"  # a conversion in progress: .tmp-PID-HOST-NAME (export/staging.py)
 GGUF_MAGIC = b"GGUF"
 # Control tokens that end generation, as llama.cpp's end-of-generation list has them; the GGUF names only one
 # eos id (Qwen2.5: <|im_end|>), while the model's own generation config also stops on <|endoftext|>.
@@ -50,6 +53,7 @@ class GgufSummary:
     tensor_count: int
     data_end: int  # byte offset just past the last tensor's data
     file_size: int
+    tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)  # name -> dims, innermost first (GGUF order)
 
 
 def convert_gguf(gguf_path: Path, cache_dir: Path | None = None, *, console: Console | None = None) -> Path:
@@ -66,7 +70,8 @@ def convert_gguf(gguf_path: Path, cache_dir: Path | None = None, *, console: Con
         return out
     summary = read_gguf_summary(gguf_path)
     root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".tmp-{out.name}-{os.getpid()}"
+    remove_stale(root, TMP_BASE)  # what killed conversions left behind
+    tmp = root / f"{temp_prefix(TMP_BASE)}{out.name}"
     shutil.rmtree(tmp, ignore_errors=True)
     console = console if console is not None else _stderr_console()
     try:
@@ -155,13 +160,15 @@ def _parse_header(buf: mmap.mmap, size: int) -> GgufSummary:
         meta[key] = value
     data_end = 0
     infos = []
+    tensors: dict[str, tuple[int, ...]] = {}
     for _ in range(n_tensors):
-        _, pos = _read_str(buf, pos)
+        name, pos = _read_str(buf, pos)
         (n_dims,) = struct.unpack_from("<I", buf, pos)
         dims = struct.unpack_from(f"<{n_dims}Q", buf, pos + 4)
         ggml_type, offset = struct.unpack_from("<IQ", buf, pos + 4 + 8 * n_dims)
         pos += 4 + 8 * n_dims + 12
         infos.append((dims, ggml_type, offset))
+        tensors[name] = tuple(dims)
     align = int(meta.get("general.alignment", 32))
     data_start = -(-pos // align) * align
     for dims, ggml_type, offset in infos:
@@ -170,7 +177,7 @@ def _parse_header(buf: mmap.mmap, size: int) -> GgufSummary:
         for d in dims:
             elements *= d
         data_end = max(data_end, data_start + offset + elements // block * block_bytes)
-    return GgufSummary(version, str(meta.get("general.architecture", "?")), n_tensors, data_end, size)
+    return GgufSummary(version, str(meta.get("general.architecture", "?")), n_tensors, data_end, size, tensors)
 
 
 # GGUF metadata value types: fixed-size scalars by struct format; 8 = string, 9 = array
@@ -206,7 +213,7 @@ def _read_value(buf: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
 def _convert_into(gguf_path: Path, out: Path) -> None:
     """Write tokenizer, config, generation config and fp32 safetensors of `gguf_path` into `out`."""
     end_ids = _save_tokenizer(gguf_path, out)
-    model = _load_dequantized(gguf_path)
+    model = load_covered(gguf_path, _load_dequantized)  # refuses missing, extra and mis-shaped tensors
     try:
         _check_plain_fp32(model)
         model.hf_quantizer = None  # a GGUF-loaded model refuses save_pretrained while these are set

@@ -13,6 +13,7 @@ from specpack.errors import SpecpackError
 # Families the exporter is tested on (tests/export). Other decoder-only causal LMs that transformers knows are
 # attempted; their graphs are checked by name and shape like these.
 SUPPORTED_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")
+WEIGHT_SUFFIXES = (".safetensors", ".bin")  # what from_pretrained loads weights from
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,17 @@ def check_model_dir(model_dir: Path) -> Path:
                             found=f"files: {', '.join(present) or '(empty directory)'}",
                             hint="save the model with `save_pretrained`, or pass a hub id or a .gguf file")
     return model_dir
+
+
+def require_weights(model_dir: Path) -> Path:
+    """`model_dir` if it holds weight files (safetensors or PyTorch .bin), else a SpecpackError naming what it holds."""
+    weights = [p for p in Path(model_dir).iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file()]
+    if not weights:
+        present = sorted(p.name for p in Path(model_dir).iterdir())[:8]
+        raise SpecpackError(f"{model_dir} has no weights", expected="model weights: *.safetensors or pytorch_model*.bin",
+                            found=f"files: {', '.join(present)}",
+                            hint="save the model with `save_pretrained` (it writes the weights beside config.json)")
+    return Path(model_dir)
 
 
 def read_model_info(model_dir: Path) -> ModelInfo:

@@ -4,48 +4,45 @@
       -> draft_step.onnx / verify.onnx (graphs/) -> tokenizer -> manifest (deploy/)
 
 Everything is written into a staging directory beside the output and renamed into place at the end,
-so a failed export leaves no half-written pack.
+so a failed or interrupted export leaves no half-written pack, and --overwrite replaces only a pack
+(export/staging.py).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from specpack.deploy.writer import write_pack_manifest
-from specpack.errors import SpecpackError
 from specpack.export.config import ExportConfig
-from specpack.export.model_info import ModelInfo, read_model_info
+from specpack.export.model_info import ModelInfo, read_model_info, require_weights
 from specpack.export.sources import resolve_source, source_record
+from specpack.export.staging import check_destination, publish, run_isolated, staging_dir, stop_on_signals
 from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
 
 T = TypeVar("T")
 
 
+@stop_on_signals()  # SIGTERM stops the workers and removes the staging directory, as SIGINT does
 def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig | None = None) -> Path:
     """Export a draft/target pair to a pack at `out`; returns `out`."""
     config = config or ExportConfig()
     out = Path(out)
-    if out.exists() and not config.overwrite:
-        raise SpecpackError(f"{out} already exists", expected="a new output path", found="an existing path",
-                            hint="choose another -o, or pass --overwrite")
+    check_destination(out, config.overwrite)
     # a GGUF source converts to an fp32 model directory (the 1.5B peaks near 9 GB): each in its own process
     draft_dir, target_dir = (_run_stage(resolve_source, config.isolate, src) for src in (draft_src, target_src))
+    for model_dir in (draft_dir, target_dir):
+        require_weights(model_dir)
     draft_info, target_info = read_model_info(draft_dir), read_model_info(target_dir)
     from specpack.export.vocab import check_same_vocabulary
 
     vocab_size = check_same_vocabulary(draft_dir, target_dir, draft_info.vocab_rows, target_info.vocab_rows)
     max_len = config.resolve_max_len(draft_info.max_positions, target_info.max_positions)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    staging.chmod(0o755)  # mkdtemp makes it private; a pack is an ordinary directory
-    try:
+    with staging_dir(out) as staging:
         work = staging / "work"
         work.mkdir()
         for role, model_dir, graph_file in (("draft", draft_dir, DRAFT_STEP_FILE), ("target", target_dir, VERIFY_FILE)):
@@ -60,10 +57,7 @@ def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig
             staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
             draft=(source_record(draft_src, draft_dir), draft_info), target=(source_record(target_src, target_dir), target_info),
         )
-        _replace(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+        publish(staging, out, config.overwrite)
     _log(f"pack written to {out}")
     return out
 
@@ -80,21 +74,7 @@ def _export_one(model_dir: Path, plain: Path, graph_out: Path, role: str, vocab_
 
 def _run_stage(fn: Callable[..., T], isolate: bool, *args: object) -> T:
     """Run a stage in a fresh process (its memory is returned when it ends) or in this one."""
-    if not isolate:
-        return fn(*args)
-    ctx = multiprocessing.get_context("spawn")
-    with ctx.Pool(1) as pool:  # exceptions (SpecpackError included) come back pickled
-        return pool.apply(fn, args)
-
-
-def _replace(staging: Path, out: Path) -> None:
-    if out.exists():
-        old = out.with_name(f".{out.name}.old")
-        out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
-    else:
-        staging.rename(out)
+    return run_isolated(fn, *args) if isolate else fn(*args)
 
 
 def _log(message: str) -> None:

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from specpack.errors import SpecpackError
-from specpack.export.model_info import check_model_dir
+from specpack.export.model_info import WEIGHT_SUFFIXES, check_model_dir
 from specpack.hashing import sha256_file
 
 # What a hub snapshot needs: config, tokenizer, generation config and chat template, and the weights
@@ -21,7 +21,6 @@ _HUB_FILES = ["*.json", "*.txt", "*.model", "*.jinja", "*.tiktoken", "*.safetens
 _HUB_FALLBACK_WEIGHTS = ["*.bin"]  # only for repos without safetensors
 _HUB_SKIP = ["*/*", "consolidated*"]  # subfolders (onnx/, original/) and duplicate native checkpoints
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")  # "name" or "org/name"
-_WEIGHT_SUFFIXES = (".safetensors", ".bin")
 
 
 def resolve_source(src: str) -> Path:
@@ -97,7 +96,7 @@ def source_record(src: str, model_dir: Path) -> dict[str, object]:
     """
     model_dir = Path(model_dir)
     config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
-    weights = sorted(p.name for p in model_dir.iterdir() if p.suffix in _WEIGHT_SUFFIXES and p.is_file())
+    weights = sorted(p.name for p in model_dir.iterdir() if p.suffix in WEIGHT_SUFFIXES and p.is_file())
     names = ["config.json", *weights]
     files = {name: sha256_file(model_dir / name) for name in names}
     if src.lower().endswith(".gguf"):

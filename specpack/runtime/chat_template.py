@@ -9,12 +9,21 @@ transformers uses it only to mark assistant tokens.
 
 The caller passes the variables transformers adds from the tokenizer (its `special_tokens_map`: bos_token,
 eos_token, ...), and encodes the rendered text without adding special tokens.
+
+A template is untrusted input, so rendering is bounded (RenderLimits): a deadline checked on every loop item,
+call and output piece; an output-size limit; and no single operation may build a value past that size
+(string/list `*` and `+`, `**`, padding and format widths, filter arguments and results, namespace values).
 """
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import json
-from collections.abc import Mapping, Sequence
+import re
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from functools import lru_cache
 from typing import Any, NoReturn
@@ -33,22 +42,39 @@ MIN_JINJA = (3, 1, 6)  # older versions have known sandbox escapes; templates co
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is the one templates read
 
 
+@dataclass(frozen=True)
+class RenderLimits:
+    """Bounds on rendering one chat: real templates take milliseconds and write a few KB per message."""
+
+    seconds: float = 2.0
+    chars: int = 1 << 22  # output characters, and the size of any one string or list a template builds
+
+
 def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool,
                 variables: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] | None = None,
-                documents: Sequence[Mapping[str, Any]] | None = None) -> str:
+                documents: Sequence[Mapping[str, Any]] | None = None, limits: RenderLimits = RenderLimits()) -> str:
     """The text `template` renders for `messages`; `variables` are the special tokens and any template kwargs."""
     if not messages:
         raise SpecpackError("no messages to render", expected="at least one message", found="an empty list")
     chat = _alias_reasoning_fields(_plain_data(_normalize(messages)))
-    compiled = compile_template(template)
+    budget = _Budget(limits)
+    token = _BUDGET.set(budget)  # compiling folds constant expressions (filters included): bounded too
     try:
-        return compiled.render(messages=chat, tools=_plain_data(tools), documents=_plain_data(documents),
-                               add_generation_prompt=add_generation_prompt, **_plain_data(dict(variables)))
+        compiled = compile_template(template)
+        pieces = compiled.generate(messages=chat, tools=_plain_data(tools), documents=_plain_data(documents),
+                                   add_generation_prompt=add_generation_prompt, **_plain_data(dict(variables)))
+        return "".join(budget.output(pieces))
+    except (RecursionError, MemoryError) as e:
+        raise SpecpackError("the chat template cannot be rendered within bounds", expected="a template that ends",
+                            found="unbounded recursion" if isinstance(e, RecursionError) else "out of memory",
+                            hint="fix the template of the source model and export the pack again") from None
     except jinja2.TemplateError as e:  # raise_exception(), undefined attributes, sandbox violations
         raise SpecpackError("the chat template refused these messages", expected="messages the template accepts",
                             found=f"{type(e).__name__}: {e}",
                             hint="check the roles and their order (many templates want user/assistant turns "
                                  "alternating, and the system message first)") from e
+    finally:
+        _BUDGET.reset(token)
 
 
 @lru_cache(maxsize=8)
@@ -69,14 +95,145 @@ def compile_template(template: str) -> jinja2.Template:
 
 @lru_cache(maxsize=1)
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env = _BoundedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                              extensions=[_GenerationBlock, _LoopGuard, jinja2.ext.loopcontrols])
     env.filters["tojson"] = _tojson
+    env.filters = {name: _bounded_filter(f) for name, f in env.filters.items()}
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
     env.globals["dict"] = _TemplateDict()
     env.globals["namespace"] = _TemplateNamespace
     return env
+
+
+class _Budget:
+    """The limits of one render: checked by the environment's hooks through the _BUDGET context variable."""
+
+    def __init__(self, limits: RenderLimits) -> None:
+        self.limits = limits
+        self.deadline = time.monotonic() + limits.seconds
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise SpecpackError("the chat template takes too long to render",
+                                expected=f"a render within {self.limits.seconds:g} s",
+                                found="still running at the deadline (a loop or recursion that does not end soon)",
+                                hint="fix the template of the source model and export the pack again")
+
+    def check_size(self, value: object, what: str) -> None:
+        if isinstance(value, (str, list, tuple, dict)) and len(value) > self.limits.chars:
+            self.refuse(what, f"{len(value):,} items")
+
+    def refuse(self, what: str, found: str) -> NoReturn:
+        raise SpecpackError("the chat template builds too much output", expected=f"at most {self.limits.chars:,} "
+                            "characters (or items) from any one operation and in all", found=f"{what}: {found}",
+                            hint="fix the template of the source model and export the pack again")
+
+    def output(self, pieces: Iterable[str]) -> Iterator[str]:
+        written = 0
+        for piece in pieces:
+            self.tick()
+            written += len(piece)
+            if written > self.limits.chars:
+                self.refuse("the rendered text", f"more than {self.limits.chars:,} characters")
+            yield piece
+
+
+_BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("specpack_chat_budget", default=None)
+# a width or precision of a million or more in a %-format or a {}-format spec
+_WIDE_FORMAT = re.compile(r"%[^%a-zA-Z]*[0-9]{7}|\{[^{}]*:[^{}]*[0-9]{7}")
+_SIZED_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map"})
+
+
+def _tick() -> _Budget | None:
+    budget = _BUDGET.get()
+    if budget is not None:
+        budget.tick()
+    return budget
+
+
+class _BoundedEnvironment(ImmutableSandboxedEnvironment):
+    """The sandbox, with every call, binary operator and loop item checked against the render's budget."""
+
+    intercepted_binops = frozenset({"*", "**", "+", "%"})
+
+    def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
+        budget = _tick()
+        if budget is not None:
+            _check_binop(budget, operator, left, right)
+        result = super().call_binop(context, operator, left, right)
+        if budget is not None:
+            budget.check_size(result, f"the result of {operator!r}")
+        return result
+
+    def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
+        budget = _tick()
+        method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format and str.format_map
+        if budget is not None and isinstance(getattr(method, "__self__", None), str) and \
+                getattr(method, "__name__", "") in _SIZED_METHODS:
+            _check_widths(budget, f"str.{method.__name__}", method.__self__, (*args, *kwargs.values()))
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def _parse(self, source: str, name: str | None, filename: str | None) -> jinja2.nodes.Template:
+        """Every `{% for %}` iterates through _LoopGuard.items (an extension attribute: templates cannot rebind it)."""
+        tree = super()._parse(source, name, filename)
+        guard = jinja2.nodes.ExtensionAttribute(_LoopGuard.identifier, "items")
+        for loop in tree.find_all(jinja2.nodes.For):
+            loop.iter = jinja2.nodes.Call(guard, [loop.iter], [], None, None)
+        return tree
+
+
+class _LoopGuard(jinja2.ext.Extension):
+    """Yields a loop's items, checking the deadline before each."""
+
+    def items(self, iterable: Iterable[Any]) -> Iterator[Any]:
+        for item in iterable:
+            _tick()
+            yield item
+
+
+def _check_binop(budget: _Budget, operator: str, left: Any, right: Any) -> None:
+    """Refuse before computing: sequences repeated or joined past the limit, huge powers, wide % formats."""
+    if operator == "*":
+        for seq, times in ((left, right), (right, left)):
+            if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > budget.limits.chars:
+                budget.refuse("a repeated string or list", f"{len(seq):,} x {times:,}")
+    elif operator == "+" and isinstance(left, (str, list, tuple)) and isinstance(right, (str, list, tuple)):
+        if len(left) + len(right) > budget.limits.chars:
+            budget.refuse("a joined string or list", f"{len(left) + len(right):,} items")
+    elif operator == "**" and isinstance(right, (int, float)) and abs(right) > 64 and \
+            isinstance(left, (int, float)) and abs(left) > 1:
+        budget.refuse("a power", f"an exponent of {right}")
+    elif operator == "%" and isinstance(left, str):
+        _check_widths(budget, "a % format", left, right if isinstance(right, tuple) else (right,))
+
+
+def _check_widths(budget: _Budget, what: str, fmt: object, args: Iterable[Any]) -> None:
+    """No integer argument past the size limit (a width, a count), no format spec as wide as a million."""
+    for arg in args:
+        if isinstance(arg, int) and not isinstance(arg, bool) and arg > budget.limits.chars:
+            budget.refuse(what, f"an argument of {arg:,}")
+    if isinstance(fmt, str) and _WIDE_FORMAT.search(fmt):
+        budget.refuse(what, "a format width or precision of a million or more")
+
+
+def _bounded_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A filter whose integer arguments and result stay within the render's size limit."""
+
+    skip = 2 if hasattr(fn, "jinja_pass_arg") else 1  # the context / environment, then the value filtered
+
+    @functools.wraps(fn)  # keeps jinja_pass_arg (pass_context / pass_environment)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        budget = _tick()
+        if budget is not None:
+            fmt = args[skip - 1] if fn.__name__ == "do_format" and len(args) >= skip else None
+            _check_widths(budget, f"filter {fn.__name__}", fmt, (*args[skip:], *kwargs.values()))
+        result = fn(*args, **kwargs)
+        if budget is not None:
+            budget.check_size(result, f"the result of filter {fn.__name__}")
+        return result
+
+    return bounded
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -115,6 +272,9 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
     def __setitem__(self, name: str, value: Any) -> None:
         _TemplateNamespace._check_name(name)
+        budget = _tick()
+        if budget is not None:
+            budget.check_size(value, f"namespace value {name!r}")
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod

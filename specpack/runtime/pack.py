@@ -14,14 +14,13 @@ from specpack.deploy.integrity import verify_pack
 from specpack.deploy.manifest import Manifest, ModelEntry
 from specpack.errors import SpecpackError
 from specpack.runtime.buffers import DecodeBuffers
+from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.kv_cache import ConcatKVCache
 from specpack.runtime.loop import generate_tokens
 from specpack.runtime.ort_engine import OrtDraftEngine, OrtTargetEngine
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.tokenizer import PackTokenizer
-from specpack.sampling import SamplingParams
-
-K_LIMIT = 16  # the largest k any pack accepts
+from specpack.validation import PackLimits, check_generate_args, check_load_args, check_prompt
 
 
 @dataclass
@@ -31,15 +30,18 @@ class Generation:
     stats: dict[str, Any] = field(default_factory=dict)
 
 
-def load(path: str | os.PathLike[str], *, threads: int | None = None) -> Pack:
-    """Open a pack: check every file against the manifest, then create the sessions."""
-    return Pack(Path(path), threads=threads)
+def load(path: str | os.PathLike[str], *, threads: int | None = None, manifest_sha256: str | None = None) -> Pack:
+    """Open a pack: check every file against the manifest, then create the sessions.
+
+    `manifest_sha256` (printed by `specpack inspect`) pins the pack: any other manifest is refused.
+    """
+    return Pack(Path(check_load_args(path, threads)), threads=threads, manifest_sha256=manifest_sha256)
 
 
 class Pack:
-    def __init__(self, path: Path, *, threads: int | None = None) -> None:
+    def __init__(self, path: Path, *, threads: int | None = None, manifest_sha256: str | None = None) -> None:
         self.path = path
-        self.manifest = Manifest.read(path)
+        self.manifest = Manifest.read(path, sha256=manifest_sha256)
         verify_pack(path, self.manifest)
         m = self.manifest
         self.tokenizer = PackTokenizer.load(path / "tokenizer")
@@ -50,6 +52,7 @@ class Pack:
 
     def _model(self, entry: ModelEntry, threads: int | None) -> tuple[OrtGraph, ConcatKVCache, DecodeBuffers, int]:
         graph = OrtGraph(self.path / entry.graph.path, threads=threads)
+        check_graph_matches(entry.graph, graph.session, entry.graph.path)
         dtype = np.float16 if entry.dtype == "fp16" else np.float32
         capacity = self.manifest.max_len + self.manifest.k_max + 1
         cache = ConcatKVCache(2 * entry.num_layers, entry.kv_heads, entry.head_dim, capacity, np.dtype(dtype))
@@ -57,16 +60,10 @@ class Pack:
 
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
         """Prompt ids: a list of ids as is, a string tokenized as is, or wrapped in the chat template."""
-        if isinstance(prompt, str):
-            if not prompt:
-                raise SpecpackError("empty prompt", expected="at least one character", found="''")
-            return self.tokenizer.encode_chat(prompt) if chat else self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
-        bad = [t for t in ids if not 0 <= t < self.manifest.vocab_size]
-        if bad:
-            raise SpecpackError("prompt token id out of range", expected=f"ids in [0, {self.manifest.vocab_size})",
-                                found=f"{bad[:5]}")
-        return ids
+        checked = check_prompt(prompt, chat=chat, vocab_size=self.manifest.vocab_size)
+        if isinstance(checked, str):
+            return self.tokenizer.encode_chat(checked) if chat else self.tokenizer.encode(checked)
+        return checked
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, *, k: int | None = None,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
@@ -75,8 +72,11 @@ class Pack:
 
         Greedy by default; the output distribution is the target's for any sampling parameters.
         """
-        params = SamplingParams(temperature, top_k, top_p)
-        k = self.manifest.k_max if k is None else k
+        m = self.manifest
+        args = check_generate_args(prompt, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
+                                   seed=seed, chat=chat, on_text=on_text, limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
+        prompt, max_new_tokens, params, seed = args.prompt, args.max_new_tokens, args.sampling, args.seed
+        k = m.k_max if args.k is None else args.k
         ids = self.encode(prompt, chat=chat)
         self._check_request(len(ids), max_new_tokens, k)
         self.buffers.set_sampling(params)
@@ -99,11 +99,6 @@ class Pack:
 
     def _check_request(self, n_prompt: int, max_new_tokens: int, k: int) -> None:
         m = self.manifest
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= min(K_LIMIT, m.k_max):
-            raise SpecpackError("invalid k", expected=f"an integer in 1..{m.k_max} (this pack's k_max; 0: no drafts)",
-                                found=repr(k), hint="re-export with a larger --k for more drafts per step")
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise SpecpackError("invalid max_new_tokens", expected="an integer >= 1", found=repr(max_new_tokens))
         if n_prompt == 0:
             raise SpecpackError("empty prompt", expected="at least one token", found="0 tokens")
         if n_prompt + max_new_tokens > m.max_len:

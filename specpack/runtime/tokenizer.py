@@ -24,6 +24,7 @@ from specpack.runtime.chat_template import render_chat
 TOKENIZER_FILE = "tokenizer.json"
 CONFIG_FILE = "tokenizer_config.json"
 CONFIG_FORMAT = "specpack-tokenizer/1"
+LOADED_FILES = (CONFIG_FILE, TOKENIZER_FILE)  # every file PackTokenizer.load opens: the manifest must list them
 _STR_OR_NULL = (str, type(None))
 CONFIG_SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {  # key -> (JSON type, what it holds)
     "format": (str, f"always {CONFIG_FORMAT!r}"),

@@ -69,10 +69,10 @@ def pack(tiny_pack) -> Path:
     return tiny_pack("qwen2", "noisy")[0]
 
 
-@pytest.mark.parametrize("k", ["0", "17"])
+@pytest.mark.parametrize("k", ["-1", "17"])
 def test_generate_k_out_of_range(pack: Path, k: str) -> None:
     code, text = _run(["generate", str(pack), "--prompt", "hi", "--k", k])
-    _assert_error(code, text, "1..16", k)
+    _assert_error(code, text, "0..16", k)
 
 
 def test_prompt_longer_than_max_len(pack: Path) -> None:
@@ -121,7 +121,8 @@ def test_verify_and_inspect_a_good_pack(pack: Path) -> None:
     code, text = _run(["inspect", str(pack)])
     assert code == 0 and "verify.onnx" in text and "draft_step.onnx" in text
     code, text = _run(["inspect", str(pack), "--json"])
-    assert code == 0 and json.loads(text)["k_max"] == 8
+    out = json.loads(text)
+    assert code == 0 and out["manifest"]["k_max"] == 8 and len(out["manifest_sha256"]) == 64
 
 
 def test_generate_json_prints_one_object(pack: Path) -> None:
@@ -130,3 +131,12 @@ def test_generate_json_prints_one_object(pack: Path) -> None:
     out = json.loads(text)
     assert set(out) == {"tokens", "text", "stats"} and len(out["tokens"]) <= 12
     assert {"alpha", "tau", "steps", "proposed", "accepted", "per_position", "tokens_per_s"} <= set(out["stats"])
+
+
+def test_model_dir_without_weights(tmp_path: Path, tiny_pairs) -> None:
+    draft, target = tiny_pairs("qwen2")
+    bare = tmp_path / "bare"
+    shutil.copytree(target, bare, ignore=shutil.ignore_patterns("*.safetensors"))
+    code, text = _run(["--draft", str(draft), "--target", str(bare), "-o", str(tmp_path / "p")], spec_export)
+    _assert_error(code, text, "has no weights", "config.json")
+    assert code == 2 and not (tmp_path / "p").exists()
