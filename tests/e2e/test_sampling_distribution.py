@@ -31,14 +31,14 @@ from typing import Any, cast
 
 import numpy as np
 import pytest
+from specpack.runtime.engine import DraftEngine, TargetEngine
+from specpack.runtime.ort_engine import OrtDraftEngine
 
 import specpack
 from specpack.errors import SpecpackError
 from specpack.graphs import oracle
-from specpack.runtime.engine import DraftEngine, TargetEngine
 from specpack.runtime.kv_cache import ConcatKVCache
 from specpack.runtime.loop import generate_tokens
-from specpack.runtime.ort_engine import OrtDraftEngine
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.pack import Pack
 from specpack.sampling import SamplingParams
