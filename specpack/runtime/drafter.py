@@ -10,9 +10,10 @@ goes through the same verify, so the output keeps the target's distribution what
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
-from specpack.runtime.backend import Backend
+from specpack.runtime.backend import DraftModel
 from specpack.runtime.state import DecodeState, Proposal
 
 
@@ -37,19 +38,20 @@ class ModelDrafter:
 
     The draft's cache trails the committed tokens: after a step it holds the committed tokens and all but
     the last draft; at the next step it catches up by feeding S >= 1 tokens (S = 2 after all k drafts
-    were accepted: the last draft and the bonus token). The draft model is opened on first use.
+    were accepted: the last draft and the bonus token).
     """
 
-    def __init__(self, backend: Backend) -> None:
-        self.backend = backend
+    def __init__(self, model: Callable[[], DraftModel]) -> None:
+        """model: the backend's `draft` (it opens the draft model on first use: a k = 0 request never calls it)."""
+        self.model = model
 
     def begin(self, state: DecodeState) -> None:
-        model = self.backend.draft()
+        model = self.model()
         model.reset(state)
         model.step(state, end=state.length - 1, row=0)  # the prompt's prefill, part of the first token's time
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
-        model, ids, start = self.backend.draft(), state.ids, state.length
+        model, ids, start = self.model(), state.ids, state.length
         n = 0
         while n < k:
             ids[start + n] = token = model.step(state, end=start + n, row=n)
@@ -59,4 +61,4 @@ class ModelDrafter:
         return Proposal(tokens=ids[start : start + n], q=model.q(state, n))
 
     def commit(self, state: DecodeState) -> None:
-        self.backend.draft().rollback(state, state.length - 1)  # the next token is not in the draft's cache
+        self.model().rollback(state, state.length - 1)  # the next token is not in the draft's cache

@@ -65,7 +65,7 @@ class Pack:
     def __init__(self, path: Path, manifest: Manifest, tokenizer: PackTokenizer, backend: Backend,
                  drafter: Drafter | None = None) -> None:
         self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
-        self.drafter: Drafter = drafter if drafter is not None else ModelDrafter(backend)
+        self.drafter: Drafter = drafter if drafter is not None else ModelDrafter(backend.draft)
         self.eos_ids = frozenset(manifest.eos_token_ids)
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from specpack.runtime.backend import Backend
 from specpack.runtime.backends.reference import ReferenceBackend, bigram_logits
 from specpack.runtime.drafter import Drafter, ModelDrafter
 from specpack.runtime.k_policy import FixedK, KPolicy
@@ -42,17 +43,18 @@ def greedy_reference(target_table: np.ndarray, prompt: list[int], n: int, eos: f
     return out
 
 
-def run(backend: ReferenceBackend, prompt: list[int], max_new: int, policy: KPolicy | int, *,
+def run(backend: Backend, prompt: list[int], max_new: int, policy: KPolicy | int, *,
         eos: frozenset[int] = frozenset(), params: SamplingParams | None = None, seed: int | None = None,
         generator: np.random.Generator | None = None, drafter: Drafter | None = None, max_len: int = 256,
         on_tokens: Callable[[list[int]], None] | None = None, cancel: threading.Event | None = None,
-        slot: int = 0) -> tuple[DecodeState, str]:
+        slot: int = 0, k_max: int = 8) -> tuple[DecodeState, str]:
+    """One request through the loop, on `backend` (whose k_max is `k_max`), outside any Pack."""
     params = params or SamplingParams()
     policy = FixedK(policy) if isinstance(policy, int) else policy
-    uniforms = Uniforms(params, backend.k_max, generator=generator, seed=seed)
+    uniforms = Uniforms(params, k_max, generator=generator, seed=seed)
     state = DecodeState.start(list(prompt), max_new, params, uniforms, eos_ids=eos, max_len=max_len,
-                              k_max=backend.k_max, stats=DecodeStats(k=policy.k_max), slot=slot)
-    finish = decode(state, backend.target(), drafter or ModelDrafter(backend), policy, on_tokens, cancel)
+                              k_max=k_max, stats=DecodeStats(k=policy.k_max), slot=slot)
+    finish = decode(state, backend.target(), drafter or ModelDrafter(backend.draft), policy, on_tokens, cancel)
     return state, finish
 
 

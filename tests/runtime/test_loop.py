@@ -129,9 +129,9 @@ def test_k_from_a_policy_changes_every_step(sampled: bool) -> None:
 def test_a_policy_out_of_range_is_refused() -> None:
     t = _table(12)
     with pytest.raises(SpecpackError, match="k policy out of range"):
-        run(bigram_backend(t, t, k_max=4), [1], 10, ScriptedK([2, 9]))
+        run(bigram_backend(t, t, k_max=4), [1], 10, ScriptedK([2, 9]), k_max=4)
     with pytest.raises(SpecpackError, match="k policy out of range"):
-        run(bigram_backend(t, t, k_max=4), [1], 10, ScriptedK([2, -1, 3]))
+        run(bigram_backend(t, t, k_max=4), [1], 10, ScriptedK([2, -1, 3]), k_max=4)
 
 
 @pytest.mark.parametrize("good", [True, False])
