@@ -108,11 +108,13 @@ class OrtTarget(_OrtModel):
     def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
         k, outputs = proposal.k, self._outputs[state.slot]
         q = self.constants.no_q if k == 0 else proposal.q if proposal.q is not None else self._set_one_hot(state, proposal)
-        self._run(state, state.length + k,
-                  {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
-                  outputs)
-        if k and proposal.q is None:
-            q[0, np.arange(k), proposal.tokens] = 0.0  # back to all zeros
+        try:
+            self._run(state, state.length + k,
+                      {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
+                      outputs)
+        finally:
+            if k and proposal.q is None:
+                q[0, np.arange(k), proposal.tokens] = 0.0  # back to all zeros, whatever happened
         n = int(outputs[names.N_ACCEPTED][0])
         self.rollback(state, state.length + n)  # the rejected drafts leave the cache
         return VerifyResult(n, int(outputs[names.NEXT_TOKEN][0]))
