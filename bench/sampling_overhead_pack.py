@@ -1,7 +1,7 @@
 """What in-graph sampling adds to a whole verify step (k = 4) and draft step of a real pack, on this CPU.
 
 Complements bench/sampling_overhead.py (the heads alone): here the full verify.onnx / draft_step.onnx of
-a pack run through the runtime's own engines and buffers, greedy against each sampling setting, the
+a pack run through the runtime's own backend (the calls the loop makes), greedy against each sampling setting, the
 settings interleaved round by round (shared machines drift), medians reported.
 
     python bench/sampling_overhead_pack.py PACK [--rounds 15] [--context 64] [--out bench/results/sampling_overhead_pack.json]
@@ -10,6 +10,7 @@ settings interleaved round by round (shared machines drift), medians reported.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -17,10 +18,12 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 from sampling_overhead import CASES as HEAD_CASES  # bench/ is on sys.path when run as a script
 
 import specpack
+from specpack.runtime.state import NO_DRAFTS, DecodeState, Proposal
+from specpack.runtime.stats import DecodeStats
+from specpack.sampling import SamplingParams, Uniforms
 
 K = 4
 CODE = 'def fibonacci(n: int) -> int:\n    """Return the n-th Fibonacci number."""\n    if n < 2:\n        return n\n'
@@ -37,31 +40,38 @@ def main() -> None:
     args = parser.parse_args()
 
     pack = specpack.load(args.pack)
-    b, n = pack.buffers, args.context
-    rng = np.random.default_rng(0)
+    m, n = pack.manifest, args.context
     text = pack.tokenizer.encode(CODE * 8)  # real text: random ids give flat distributions (top-p's worst case)
-    b.ids[0, : n + K + 1] = text[: n + K + 1]
-    b.draw_uniforms(rng, K)
-    pack.target.rollback(0)
-    pack.target.verify(n, 0)  # fill both caches with n tokens of context
-    pack.draft.rollback(0)
-    pack.draft.propose(n, 0)
-    for slot in range(K):  # a real q for every draft row
-        pack.draft.propose(n + slot + 1, slot)
-    pack.draft.rollback(n)
-
+    drawing = SamplingParams(1.0)  # draws the uniforms once; each case then binds its own sampling inputs
+    state = DecodeState.start(text[: n + K + 1], 1, drawing, Uniforms(drawing, m.k_max, seed=0), eos_ids=frozenset(),
+                              max_len=m.max_len, k_max=m.k_max, stats=DecodeStats(k=K))
+    state.uniforms.draw(K)
+    cases = {name: dataclasses.replace(state, params=params, sampling_inputs=params.graph_inputs())
+             for name, params in CASES.items()}  # same ids and uniforms, each case's sampling inputs
     times: dict[str, dict[str, list[float]]] = {name: {"verify": [], "draft": []} for name in CASES}
-    for _ in range(args.rounds):
-        for name, params in CASES.items():
-            b.set_sampling(params)
-            t = time.perf_counter()
-            pack.target.verify(n + 1 + K, K)  # the last committed token + K drafts
-            times[name]["verify"].append(time.perf_counter() - t)
-            pack.target.rollback(n)
-            t = time.perf_counter()
-            pack.draft.propose(n + 1, K - 1)  # the last q row is scratch here
-            times[name]["draft"].append(time.perf_counter() - t)
-            pack.draft.rollback(n)
+    with pack.exclusive() as backend:
+        target, draft = backend.target(), backend.draft()
+        target.reset(state)
+        state.length = n
+        target.verify(state, NO_DRAFTS)  # fill both caches with n tokens of context
+        draft.reset(state)
+        draft.step(state, n, 0)
+        for row in range(K):  # a real q for every draft row
+            draft.step(state, n + row + 1, row)
+        draft.rollback(state, n)
+        state.length = n + 1
+        proposal = Proposal(tokens=state.ids[n + 1 : n + 1 + K], q=draft.q(state, K))  # the last committed token + K
+        for _ in range(args.rounds):
+            for name, case in cases.items():
+                case.length = state.length
+                t = time.perf_counter()
+                target.verify(case, proposal)
+                times[name]["verify"].append(time.perf_counter() - t)
+                target.rollback(case, n)
+                t = time.perf_counter()
+                draft.step(case, n + 1, K - 1)  # the last q row is scratch here
+                times[name]["draft"].append(time.perf_counter() - t)
+                draft.rollback(case, n)
 
     result: dict[str, object] = {"pack": str(args.pack), "k": K, "context": n, "rounds": args.rounds,
                                  "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),

@@ -1,10 +1,17 @@
-"""Sampling parameters: validated once, used by the oracle, the graphs' inputs and the runtime alike."""
+"""Sampling parameters and the random numbers they call for: greedy or not is decided here, once.
+
+SamplingParams is validated once and used by the oracle, the graphs' inputs and the runtime alike;
+Uniforms holds one request's random numbers, drawn only when the parameters sample.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from specpack import names
 from specpack.errors import SpecpackError
 
 
@@ -32,3 +39,35 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def graph_inputs(self) -> dict[str, np.ndarray]:
+        """The sampling inputs of both graphs (names.py), from these parameters and nothing else."""
+        return {names.TEMPERATURE: np.array([self.temperature], np.float32),  # [1]
+                names.TOP_K: np.array([self.top_k], np.int64),                 # [1]
+                names.TOP_P: np.array([self.top_p], np.float32)}               # [1]
+
+
+class Uniforms:
+    """One request's uniform numbers (docs/contracts.md, "Randomness"), in buffers allocated once.
+
+    Greedy parameters draw nothing (the graphs ignore the uniforms at temperature 0); sampling ones draw
+    from numpy's Philox, seeded: the same seed gives the same tokens on every run and every backend.
+    Whether anything is drawn follows from `params.greedy` alone, so the graphs' temperature and the
+    host's random numbers cannot disagree.
+    """
+
+    def __init__(self, params: SamplingParams, k_max: int, generator: np.random.Generator | None = None,
+                 seed: int | None = None) -> None:
+        """`generator` (tests that share one across requests) or `seed`; neither: a fresh random seed."""
+        if generator is not None and seed is not None:
+            raise ValueError("pass a generator or a seed, not both")
+        self.greedy = params.greedy
+        self._rng = None if params.greedy else generator or np.random.Generator(np.random.Philox(seed))
+        self.draft = np.zeros(k_max, np.float32)           # [k_max]      one per draft draw
+        self.verify = np.zeros((1, k_max + 1), np.float32)  # [1, k_max+1] the k acceptance tests, then the next draw
+
+    def draw(self, k: int) -> None:
+        """The uniforms of one step with k drafts, in place: draft[:k], then verify[0, :k+1]."""
+        if self._rng is not None:
+            self._rng.random(out=self.draft[:k], dtype=np.float32)
+            self._rng.random(out=self.verify[0, : k + 1], dtype=np.float32)

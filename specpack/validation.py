@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from specpack.errors import SpecpackError
-from specpack.export.config import K_MAX  # the largest k any pack accepts
+from specpack.limits import K_MAX, check_k  # K_MAX: the largest k any pack accepts
 from specpack.sampling import SamplingParams
 
 SEED_LIMIT = 1 << 64       # seeds are 0 .. 2**64 - 1
@@ -64,8 +64,7 @@ def check_generate_args(prompt: object, max_new_tokens: object = 128, *, k: obje
         prompt=check_prompt(prompt, chat=bool(chat), vocab_size=None if limits is None else limits.vocab_size),
         max_new_tokens=_integer(max_new_tokens, "max_new_tokens", 1, max_len or 1 << 31,
                                 "at most the pack's max_len" if max_len else ""),
-        k=None if k is None else _integer(k, "k", 0, k_max, "0: the target alone, without drafts",
-                                          hint="re-export with a larger --k for more drafts per step"),
+        k=None if k is None else check_k(k, k_max),
         sampling=sampling,
         seed=None if seed is None else _integer(seed, "seed", 0, SEED_LIMIT - 1),
         chat=bool(chat),

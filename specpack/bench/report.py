@@ -1,4 +1,4 @@
-"""From measured runs to the bench's numbers (DESIGN.md's vocabulary), its JSON and its tables.
+"""From measured runs to the bench's numbers (docs/vocabulary.md), its JSON and its tables.
 
 Pooled over a group of prompts (a category, or all):
     alpha            accepted / proposed drafts               tau  (accepted + steps) / steps

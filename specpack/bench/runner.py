@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from specpack.bench.prompts import BenchPrompt
 from specpack.bench.timing import StepCosts, measure_step_costs
 from specpack.errors import SpecpackError
+from specpack.limits import check_k
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -38,6 +39,7 @@ class BenchConfig:
     temperature: float = 0.0            # 0: greedy
     seed: int = 0                       # uniforms' seed when sampling; the same for k = 0 and every k
     threads: int | None = None          # ONNX Runtime intra-op threads (None: its default) and torch's in peers
+    device: str = "cpu"                 # the backend (runtime/backend.py): cpu, cuda, reference
     timing_reps: int = 15               # repetitions of each timed call for c and v(k)
     peer: str | None = None             # "hf": transformers' generate and assisted generation
 
@@ -88,7 +90,7 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
     memory = PhaseMemory()
     with memory:
         with memory.phase("load"):
-            pack = load(pack_path, threads=config.threads)
+            pack = load(pack_path, device=config.device, threads=config.threads)
         ks = check_ks(config.ks, pack.manifest.k_max)
         encoded, skipped = _encode_all(pack, prompts, config.max_new_tokens)
         _show(progress, task, description="warm-up, then timing c and v(k)")
@@ -106,14 +108,12 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
 
 
 def check_ks(ks: Sequence[int] | None, k_max: int) -> tuple[int, ...]:
+    """The k sweep, sorted: each k in 1..k_max (k = 0, the target alone, is always run beside it)."""
     if ks is None:
         return (k_max,)
-    bad = [k for k in ks if not 1 <= k <= k_max]
-    if not ks or bad:
-        raise SpecpackError("invalid --k", expected=f"drafts per step in 1..{k_max} (this pack's k_max)",
-                            found=",".join(map(str, ks)) or "nothing",
-                            hint="re-export with a larger --k for longer drafts")
-    return tuple(sorted(set(ks)))
+    if not ks:
+        raise SpecpackError("invalid --k", expected="at least one k", found="nothing")
+    return tuple(sorted({check_k(k, k_max, minimum=1, what="--k") for k in ks}))
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -178,7 +178,7 @@ def _show(progress: Progress | None, task: TaskID | None, **fields: Any) -> None
 
 def _pack_info(pack: Pack, path: Path, config: BenchConfig) -> dict[str, Any]:
     m = pack.manifest
-    return {"path": str(path), "k_max": m.k_max, "max_len": m.max_len, "dtype": m.target.dtype,
+    return {"path": str(path), "device": config.device, "k_max": m.k_max, "max_len": m.max_len, "dtype": m.target.dtype,
             "draft_dtype": m.draft.dtype, "quantization": m.quantization, "eos_token_ids": list(m.eos_token_ids),
             "draft_source": dict(m.draft.source), "target_source": dict(m.target.source),
             "threads": config.threads}

@@ -1,4 +1,4 @@
-"""c and v(k) (DESIGN.md, Measuring), timed on the pack's own engines and buffers.
+"""c and v(k) (docs/vocabulary.md), timed on the pack's own backend, through the calls the loop makes.
 
     c    = draft step on 1 token / target step on 1 token
     v(k) = verify over k+1 tokens / target step on 1 token
@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specpack.sampling import SamplingParams
+from specpack.runtime.state import NO_DRAFTS, DecodeState, Proposal
+from specpack.runtime.stats import DecodeStats
+from specpack.sampling import SamplingParams, Uniforms
 
 if TYPE_CHECKING:
     from specpack.runtime.pack import Pack
@@ -57,30 +59,39 @@ class StepCosts:
 
 def measure_step_costs(pack: Pack, ks: Sequence[int], context: int, filler: Sequence[int],
                        reps: int = 15, warmup: int = 3) -> StepCosts:
-    """Time one draft step, one target step and one verify per k after `context` tokens of `filler`."""
-    b, draft, target = pack.buffers, pack.draft, pack.target
-    b.set_sampling(SamplingParams())  # greedy: the uniforms are not read
-    ids = b.ids[0]  # [max_len + k_max + 1]
-    ids[: context + max(ks) + 1] = np.resize(np.asarray(filler, np.int64), context + max(ks) + 1)
+    """Time one draft step, one target step and one verify per k after `context` tokens of `filler`.
+
+    Runs on the pack's own backend (holding the pack's lock), greedy, through the same calls the loop makes.
+    """
+    m = pack.manifest
+    params = SamplingParams()  # greedy: the uniforms are not read
+    tokens = np.resize(np.asarray(filler, np.int64), context + max(ks) + 1)  # [context + k_max_swept + 1]
+    state = DecodeState.start(tokens.tolist(), 1, params, Uniforms(params, m.k_max), eos_ids=frozenset(),
+                              max_len=m.max_len, k_max=m.k_max, stats=DecodeStats(k=0))
     times: dict[str, list[float]] = {"target": [], "draft": [], **{f"v{k}": [] for k in ks}}
     prefill: dict[str, list[float]] = {"target": [], "draft": []}
-    try:
-        target.rollback(0)
-        _timed(prefill["target"], True, partial(target.verify, end=context, k=0))
-        draft.rollback(0)
-        _timed(prefill["draft"], True, partial(draft.propose, end=context, slot=0))
-        for rep in range(warmup + reps):
-            keep = rep >= warmup
-            _timed(times["target"], keep, partial(target.verify, end=context + 1, k=0))
-            target.rollback(context)
-            _timed(times["draft"], keep, partial(draft.propose, end=context + 1, slot=0))
-            draft.rollback(context)
-            for k in ks:
-                _timed(times[f"v{k}"], keep, partial(target.verify, end=context + k + 1, k=k))
-                target.rollback(context)
-    finally:
-        target.rollback(0)
-        draft.rollback(0)
+    with pack.exclusive() as backend:
+        target, draft = backend.target(), backend.draft()
+        try:
+            target.reset(state)
+            state.length = context
+            _timed(prefill["target"], True, partial(target.verify, state, NO_DRAFTS))
+            draft.reset(state)
+            _timed(prefill["draft"], True, partial(draft.step, state, context, 0))
+            state.length = context + 1  # one committed token past the cached context
+            for rep in range(warmup + reps):
+                keep = rep >= warmup
+                target.rollback(state, context)
+                _timed(times["target"], keep, partial(target.verify, state, NO_DRAFTS))
+                _timed(times["draft"], keep, partial(draft.step, state, context + 1, 0))
+                draft.rollback(state, context)
+                for k in ks:  # q: row 0 as the draft step wrote it, the other rows as they are (greedy ignores q)
+                    proposal = Proposal(tokens=state.ids[context + 1 : context + 1 + k], q=draft.q(state, k))
+                    target.rollback(state, context)
+                    _timed(times[f"v{k}"], keep, partial(target.verify, state, proposal))
+        finally:
+            target.reset(state)
+            draft.reset(state)
     med = {name: statistics.median(ts) for name, ts in times.items()}
     return StepCosts(context_tokens=context, reps=reps, target_step_s=med["target"], draft_step_s=med["draft"],
                      verify_s={k: med[f"v{k}"] for k in ks}, target_prefill_s=prefill["target"][0],

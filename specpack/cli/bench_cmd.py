@@ -34,6 +34,7 @@ def parse_ks(text: str | None) -> tuple[int, ...] | None:
 @click.option("--temperature", type=float, default=DEFAULTS.temperature, show_default=True, help="0 is greedy.")
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Seed of the uniforms when sampling.")
 @click.option("--threads", type=int, default=None, help="ONNX Runtime intra-op threads (and torch's for --peer).")
+@click.option("--device", default=DEFAULTS.device, show_default=True, help="Backend: cpu, cuda or reference.")
 @click.option("--timing-reps", type=int, default=DEFAULTS.timing_reps, show_default=True,
               help="Repetitions of each timed step for c and v(k).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
@@ -42,8 +43,8 @@ def parse_ks(text: str | None) -> tuple[int, ...] | None:
               help="Also run transformers' generate and assisted generation (own process).")
 @user_errors
 def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, max_new_tokens: int, limit: int | None,
-                  temperature: float, seed: int, threads: int | None, timing_reps: int, json_out: Path | None,
-                  plot_out: Path | None, peer: str | None) -> None:
+                  temperature: float, seed: int, threads: int | None, device: str, timing_reps: int,
+                  json_out: Path | None, plot_out: Path | None, peer: str | None) -> None:
     """Benchmark speculative decoding against the target alone, on the same pack, prompts and run."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -58,7 +59,7 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     if timing_reps < 1:
         raise SpecpackError("invalid --timing-reps", expected="an integer >= 1", found=str(timing_reps))
     config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                         threads=threads, timing_reps=timing_reps, peer=peer)
+                         threads=threads, device=device, timing_reps=timing_reps, peer=peer)
     prompts = read_prompts(prompt_files, limit)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())

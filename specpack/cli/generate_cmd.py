@@ -46,30 +46,35 @@ def _print_piece(text: str) -> None:
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--k", "k", type=int, default=None, help="Drafts per step, 0..16 (default: the pack's k_max; 0: no drafts).")
+@click.option("--k", "k", type=int, default=None,
+              help="Drafts per step, 0..the pack's k_max (default: k_max; 0: the target alone).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as one user message in the model's chat template.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 disables.")
 @click.option("--seed", type=int, default=None, help="Seed of the uniforms (sampling only).")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object {tokens, text, stats} and nothing else.")
+@click.option("--device", default="cpu", show_default=True, help="Backend: cpu, cuda or reference.")
+@click.option("--threads", type=int, default=None, help="Intra-op threads per session (default: ONNX Runtime's).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print one JSON object {tokens, text, finish_reason, stats} and nothing else.")
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
 def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, max_new_tokens: int, k: int | None,
-                     chat: bool, temperature: float, top_k: int, top_p: float, seed: int | None, as_json: bool,
-                     manifest_sha256: str | None) -> None:
+                     chat: bool, temperature: float, top_k: int, top_p: float, seed: int | None, device: str,
+                     threads: int | None, as_json: bool, manifest_sha256: str | None) -> None:
     """Generate a completion with speculative decoding."""
     import specpack
 
     text = read_prompt(prompt, prompt_file)
     check_generate_args(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                         chat=chat)  # the checks Pack.generate repeats with the pack's limits, before loading it
-    loaded = specpack.load(pack, manifest_sha256=manifest_sha256)
+    loaded = specpack.load(pack, device=device, threads=threads, manifest_sha256=manifest_sha256)
     on_text = None if as_json else _print_piece
     out = loaded.generate(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                           chat=chat, on_text=on_text)
     if as_json:
-        click.echo(json.dumps({"tokens": out.tokens, "text": out.text, "stats": out.stats}))
+        click.echo(json.dumps({"tokens": out.tokens, "text": out.text, "finish_reason": out.finish_reason,
+                               "stats": out.stats}))
         return
     s = out.stats
     per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position"])

@@ -5,11 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpack.errors import SpecpackError
+from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DTYPES, K_MAX, K_MIN, check_export_k
 
-K_MIN, K_MAX = 1, 16
-DEFAULT_K = 4
-DEFAULT_MAX_LEN = 2048
-DTYPES = ("fp32", "fp16")
+__all__ = ["DEFAULT_K", "DEFAULT_MAX_LEN", "DTYPES", "K_MAX", "K_MIN", "ExportConfig"]  # the CLI reads them here
 
 
 @dataclass(frozen=True)
@@ -21,8 +19,7 @@ class ExportConfig:
     isolate: bool = True              # export each model in its own process (peak memory of the 1.5B: ~11 GB)
 
     def __post_init__(self) -> None:
-        if isinstance(self.k, bool) or not isinstance(self.k, int) or not K_MIN <= self.k <= K_MAX:
-            raise SpecpackError("invalid --k", expected=f"an integer in {K_MIN}..{K_MAX}", found=repr(self.k))
+        check_export_k(self.k)
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
             raise SpecpackError("invalid --max-len", expected="an integer >= 2", found=repr(self.max_len))
         if self.dtype not in DTYPES:

@@ -1,4 +1,4 @@
-"""graphs/: sampling and acceptance inside the graphs (DESIGN.md, "Draft step graph", "Verify graph").
+"""graphs/: sampling and acceptance inside the graphs (docs/contracts.md, "Graphs").
 
     attach.build_draft_step_graph(plain_onnx, out_onnx, vocab_size)   plain forward graph -> draft_step.onnx
     attach.build_verify_graph(plain_onnx, out_onnx, vocab_size)       plain forward graph -> verify.onnx

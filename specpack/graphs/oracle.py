@@ -1,6 +1,6 @@
 """Numpy reference of the sampling transform, the draw and the acceptance rule.
 
-The test oracle for every graph and backend (DESIGN.md, "Acceptance" and "Randomness"). Everything is
+The test oracle for every graph and backend (docs/contracts.md, "Acceptance" and "Randomness"). Everything is
 fp32, and every rounding step is pinned down so that the ONNX heads (sampling_graph.py, heads.py) agree
 with it bit for bit on ONNX Runtime's CPU EP:
 

@@ -1,51 +1,96 @@
-"""Concat-style KV cache on host buffers: present = past + new, rollback = keep the first L positions.
+"""The KV cache interface every backend's engines use, and its concat-style host implementation.
 
-Each cache tensor lives in two flat buffers (ping-pong): the graph reads past [1, H, L, D] from one and
-writes present [1, H, L+S, D] into the other, never onto its own input (ONNX Runtime does not refuse
-that aliasing and silently corrupts the cache). Keeping the first `keep` < L+S positions of a
-[1, H, L+S, D] tensor moves heads 1..H-1 down in place (head 0 is already where it belongs).
+    KVCache        one model's cache; positions [0, length) are valid (docs/contracts.md, "KV cache")
+    ConcatKVCache  present = past + new, on host buffers; rollback keeps the first L positions
+
+An engine runs a graph over n_new new tokens as
+    inputs  = {input_ids, position_ids, sampling inputs, **cache.bind_inputs(n_new)}  (+ attention_mask [1, L + n_new]
+              when the cache returned none)
+    outputs = {**cache.bind_outputs(n_new), ...}
+    run; cache.advance(n_new); later cache.rollback(keep) after a rejection.
+
+ConcatKVCache: each cache tensor lives in two flat buffers (ping-pong): the graph reads past [1, H, L, D]
+from one and writes present [1, H, L+S, D] into the other, never onto its own input (ONNX Runtime does not
+refuse that aliasing and silently corrupts the cache). Keeping the first `keep` < L positions of a
+[1, H, L, D] tensor moves heads 1..H-1 down in place (head 0 is already where it belongs).
 """
 
 from __future__ import annotations
 
 import ctypes
+from typing import Any, Protocol
 
 import numpy as np
 
+from specpack import names
+
+
+class KVCache(Protocol):
+    """One model's cache: positions [0, length) are valid."""
+
+    length: int
+
+    def bind_inputs(self, n_new: int) -> dict[str, Any]:
+        """Every cache-related graph input for a run over n_new new tokens: the past tensors, and, for forms
+        that take them, length inputs (e.g. an attention mask or seqlens). Host numpy arrays for host caches;
+        a device backend's caches return its device values. The engine binds input_ids, position_ids and the
+        sampling inputs itself, and attention_mask only if the cache did not return one."""
+        ...
+
+    def bind_outputs(self, n_new: int) -> dict[str, Any]:
+        """The present buffers the graph writes into."""
+        ...
+
+    def advance(self, n_new: int) -> None:
+        """The graph ran: length += n_new."""
+        ...
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions (0 <= length <= self.length)."""
+        ...
+
+    def reset(self) -> None: ...
+
 
 class ConcatKVCache:
-    def __init__(self, num_tensors: int, kv_heads: int, head_dim: int, max_len: int, dtype: np.dtype) -> None:
-        self.num_tensors, self.kv_heads, self.head_dim, self.max_len = num_tensors, kv_heads, head_dim, max_len
-        # [ping-pong, tensor, H * max_len * D]: flat so that any [1, H, L, D] is a contiguous prefix
-        self._buffers = np.zeros((2, num_tensors, kv_heads * max_len * head_dim), dtype=dtype)
+    """KVCache for concat-style graphs (present = past + new) on host numpy buffers, allocated once."""
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: np.dtype) -> None:
+        self.kv_heads, self.head_dim, self.capacity = kv_heads, head_dim, capacity
+        self.past_names = names.kv_names(num_layers, "past")
+        self.present_names = names.kv_names(num_layers, "present")
+        # [ping-pong, tensor, H * capacity * D]: flat so that any [1, H, L, D] is a contiguous prefix
+        self._buffers = np.zeros((2, 2 * num_layers, kv_heads * capacity * head_dim), dtype=dtype)
         self._current = 0  # which half holds the past
         self.length = 0    # L: positions held
 
-    def past(self) -> list[np.ndarray]:
-        """[1, H, L, D] views of the current cache, one per tensor."""
-        return [self._view(self._current, t, self.length) for t in range(self.num_tensors)]
+    def bind_inputs(self, n_new: int) -> dict[str, np.ndarray]:
+        """past_key_values.*: [1, H, L, D] views of the current half (the engine binds the all-ones mask)."""
+        return {name: self._view(self._current, t, self.length) for t, name in enumerate(self.past_names)}
 
-    def present(self, new_length: int) -> list[np.ndarray]:
-        """[1, H, new_length, D] views of the other half, where the graph writes present."""
-        return [self._view(1 - self._current, t, new_length) for t in range(self.num_tensors)]
+    def bind_outputs(self, n_new: int) -> dict[str, np.ndarray]:
+        """present.*: [1, H, L + n_new, D] views of the other half."""
+        end = self.length + n_new
+        if end > self.capacity:
+            raise ValueError(f"KV cache overflow: {end} positions > capacity {self.capacity}")
+        return {name: self._view(1 - self._current, t, end) for t, name in enumerate(self.present_names)}
 
-    def advance(self, new_length: int, keep: int) -> None:
-        """The graph wrote `new_length` positions into the other half: make it current, keeping `keep`."""
+    def advance(self, n_new: int) -> None:
+        """The graph wrote L + n_new positions into the other half: it becomes the past."""
         self._current = 1 - self._current
-        self.length = new_length
-        self.truncate(keep)
+        self.length += n_new
 
-    def truncate(self, keep: int) -> None:
-        """Roll back to the first `keep` positions (a length update plus an in-place move of heads 1..H-1)."""
-        if keep >= self.length:
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions: a length update plus an in-place move of heads 1..H-1."""
+        if length >= self.length:
             return
         half = self._buffers[self._current]
         row_bytes = self.head_dim * half.itemsize
-        for t in range(self.num_tensors):
+        for t in range(len(half)):
             base = half[t].ctypes.data
-            for h in range(1, self.kv_heads):  # head h moves from h*L*D to h*keep*D; memmove allows overlap
-                ctypes.memmove(base + h * keep * row_bytes, base + h * self.length * row_bytes, keep * row_bytes)
-        self.length = keep
+            for h in range(1, self.kv_heads):  # head h moves from h*L*D to h*length*D; memmove allows overlap
+                ctypes.memmove(base + h * length * row_bytes, base + h * self.length * row_bytes, length * row_bytes)
+        self.length = length
 
     def reset(self) -> None:
         self.length = 0

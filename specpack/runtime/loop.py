@@ -1,87 +1,87 @@
-"""The speculative decoding loop (DESIGN.md). Allocates nothing per step: tokens live in buffers.ids.
+"""The speculative decoding loop (docs/architecture.md, "The loop"): its numbered steps, nothing else.
 
-State between steps: ids[:, :n_ctx] are committed; the target caches the first n_ctx - 1 of them (the
-last committed token is fed again with the drafts); the draft caches some prefix (it catches up by
-feeding S > 1 tokens when it is behind, e.g. after all k drafts and the bonus token were accepted).
+Everything a request has is in its DecodeState; the target, the drafter and the k policy are reached
+through their interfaces (backend.py, drafter.py, k_policy.py). The loop allocates no array per step:
+drafts are written into state.ids in place, the backends bind views of buffers allocated once.
+
+Between steps: state.ids[:length] are committed; the target caches the first length - 1 of them (the last
+committed token is fed again with the drafts); the draft model caches some prefix and catches up.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
-import numpy as np
-
-from specpack.runtime.buffers import DecodeBuffers
-from specpack.runtime.engine import DraftEngine, TargetEngine
-from specpack.runtime.stats import DecodeStats
+from specpack.errors import SpecpackError
+from specpack.runtime.backend import TargetModel
+from specpack.runtime.drafter import Drafter
+from specpack.runtime.k_policy import KPolicy
+from specpack.runtime.state import NO_DRAFTS, DecodeState
 
 OnTokens = Callable[[list[int]], None]
+FINISH_REASONS = ("eos", "length", "cancelled")
 
 
-def generate_tokens(draft: DraftEngine, target: TargetEngine, buffers: DecodeBuffers,
-                    prompt: Sequence[int], max_new_tokens: int, k: int, eos_ids: frozenset[int],
-                    rng: np.random.Generator | None, on_tokens: OnTokens | None = None) -> tuple[list[int], DecodeStats]:
-    """Generate up to max_new_tokens after `prompt` (k = 0: the target alone, autoregressive).
+def decode(state: DecodeState, target: TargetModel, drafter: Drafter, policy: KPolicy,
+           on_tokens: OnTokens | None = None, cancel: threading.Event | None = None) -> str:
+    """Generate into state.out (up to state.max_new_tokens, ending at an eos); returns the finish reason.
 
-    rng is None for greedy decoding (the graphs ignore the uniforms). Returns the new tokens, ending
-    with the eos id when one ended generation, and the statistics.
+    `cancel` is checked before each step: once it is set, no further step starts ("cancelled"). An
+    exception from on_tokens propagates; the next request resets every cache it uses, so nothing is left
+    half done.
     """
-    stats = DecodeStats(k=k)
-    ids = buffers.ids[0]  # [max_len + k_max + 1]
-    n_ctx = len(prompt)
-    ids[:n_ctx] = prompt
-    target.rollback(0)
-    draft.rollback(0)
-    out: list[int] = []
+    stats = state.stats
+    if policy.k_max > state.k_max:
+        raise SpecpackError("k policy out of range", expected=f"k_max <= {state.k_max} (the pack's)",
+                            found=f"k_max {policy.k_max}")
     t0 = time.perf_counter()
+    if cancel is not None and cancel.is_set():
+        return _finish(state, t0, t0, cancelled=True)
 
-    # 1. Prefill: the target over the prompt with no drafts gives the first token.
-    if rng is not None:
-        buffers.draw_uniforms(rng, 0)
-    _, token = target.verify(end=n_ctx, k=0)
-    ids[n_ctx] = token
-    done = _emit([token], out, eos_ids, max_new_tokens, on_tokens)
-    if k > 0 and not done:
-        draft.propose(end=n_ctx, slot=0)  # the draft's prefill belongs to the first token's time too
-    n_ctx += 1
+    # 1. Prefill: the target over the prompt, with no drafts, gives the first token; the drafter starts.
+    target.reset(state)
+    state.uniforms.draw(0)
+    result = target.verify(state, NO_DRAFTS)
+    _emit(state.commit(*result), on_tokens)
+    if policy.k_max > 0 and not state.finished:
+        drafter.begin(state)  # the draft's prefill belongs to the first token's time too
     t_first = time.perf_counter()
     stats.ttft_s = t_first - t0
 
-    while not done:
-        # 2. Draft: k' tokens, k' capped so the verify never emits past max_new_tokens, nor drafts past an eos.
-        k_step = min(k, max_new_tokens - len(out) - 1)
-        if rng is not None:
-            buffers.draw_uniforms(rng, k_step)
-        for i in range(k_step):
-            ids[n_ctx + i] = draft.propose(end=n_ctx + i, slot=i)
-            if ids[n_ctx + i] in eos_ids:  # nothing after an eos is ever emitted: stop drafting there
-                k_step = i + 1
-                break
-        # 3. Verify the last committed token and the drafts in one target pass.
-        n_accepted, token = target.verify(end=n_ctx + k_step, k=k_step)
-        stats.record_step(k_step, n_accepted)
-        # 4. Commit the accepted drafts (already in place) and the next token; roll both caches back.
-        ids[n_ctx + n_accepted] = token
-        target.rollback(n_ctx + n_accepted)
-        draft.rollback(min(draft.kv_length, n_ctx + n_accepted))
-        new = ids[n_ctx : n_ctx + n_accepted + 1].tolist()
-        n_ctx += n_accepted + 1
-        done = _emit(new, out, eos_ids, max_new_tokens, on_tokens)
-
-    stats.decode_s = time.perf_counter() - t_first
-    stats.new_tokens = len(out)
-    return out, stats
+    while not state.finished:
+        if cancel is not None and cancel.is_set():
+            return _finish(state, t_first, time.perf_counter(), cancelled=True)
+        t_step = time.perf_counter()
+        # 2. k from the policy, capped so that the verify never emits past max_new_tokens; the step's uniforms.
+        k = policy.next_k(state)
+        if not 0 <= k <= policy.k_max:
+            raise SpecpackError("k policy out of range", expected=f"0 <= k <= {policy.k_max}", found=f"k {k}")
+        k = min(k, state.remaining - 1)
+        state.uniforms.draw(k)
+        # 3. Draft: up to k tokens written after the committed ones, with their q (None: one-hot).
+        proposal = drafter.propose(state, k) if k > 0 else NO_DRAFTS
+        # 4. Verify the last committed token and the drafts in one target pass; its cache keeps the accepted part.
+        result = target.verify(state, proposal)
+        stats.record_step(proposal.k, result.n_accepted)
+        # 5. Commit the accepted drafts (already in place) and the next token; the drafter drops the rest.
+        new = state.commit(*result)
+        if k > 0:
+            drafter.commit(state)
+        policy.observe(proposal.k, result.n_accepted, time.perf_counter() - t_step)
+        _emit(new, on_tokens)
+    return _finish(state, t_first, time.perf_counter(), cancelled=False)
 
 
-def _emit(new: list[int], out: list[int], eos_ids: frozenset[int], max_new_tokens: int,
-          on_tokens: OnTokens | None) -> bool:
-    """Append new tokens up to the first eos (inclusive) or the budget; True when generation is over."""
-    for i, token in enumerate(new):
-        if token in eos_ids or len(out) + i + 1 >= max_new_tokens:
-            new = new[: i + 1]
-            break
-    out.extend(new)
-    if on_tokens is not None:
+def _emit(new: list[int], on_tokens: OnTokens | None) -> None:
+    if on_tokens is not None and new:
         on_tokens(new)
-    return len(out) >= max_new_tokens or (bool(new) and new[-1] in eos_ids)
+
+
+def _finish(state: DecodeState, t_first: float, t_end: float, *, cancelled: bool) -> str:
+    state.stats.decode_s = t_end - t_first
+    state.stats.new_tokens = len(state.out)
+    if cancelled:
+        return "cancelled"
+    return "eos" if state.out and state.out[-1] in state.eos_ids else "length"

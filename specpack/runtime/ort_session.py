@@ -23,7 +23,11 @@ def session_options(threads: int | None) -> ort.SessionOptions:
 
 
 class OrtGraph:
-    """A session plus its IOBinding; `run` binds numpy views by pointer (no copies) and runs."""
+    """A session; `run` binds numpy views by pointer onto an IOBinding (no copies) and runs.
+
+    One session serves every cache slot (ONNX Runtime's run is thread-safe); each slot runs through its own
+    IOBinding (`new_binding`), which is not.
+    """
 
     def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None) -> None:
         try:
@@ -34,10 +38,14 @@ class OrtGraph:
                                 found=str(err).splitlines()[0], hint="run `specpack verify PACK`") from err
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = {o.name for o in self.session.get_outputs()}
-        self._binding = self.session.io_binding()
+        self._bindings: list[ort.IOBinding] = []
 
-    def run(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
-        binding = self._binding
+    def new_binding(self) -> ort.IOBinding:
+        binding = self.session.io_binding()
+        self._bindings.append(binding)
+        return binding
+
+    def run(self, binding: ort.IOBinding, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> None:
         for name, array in inputs.items():
             binding.bind_input(name, "cpu", 0, array.dtype.type, array.shape, array.ctypes.data)
         for name, array in outputs.items():
@@ -45,5 +53,6 @@ class OrtGraph:
         self.session.run_with_iobinding(binding)
 
     def close(self) -> None:
-        self._binding.clear_binding_inputs()
-        self._binding.clear_binding_outputs()
+        for binding in self._bindings:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()

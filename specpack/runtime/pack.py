@@ -1,25 +1,31 @@
-"""A loaded pack: checked files, one ONNX Runtime session per model, buffers allocated once."""
+"""A loaded pack: wiring only. Manifest and integrity check, tokenizer, backend, drafter and k policy.
+
+    load(path, device="cpu") -> Pack -> generate(prompt) -> Generation(tokens, text, stats, finish_reason)
+
+Thread safety (docs/architecture.md, "Threads"): one lock per Pack around each generation.
+"""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from specpack.deploy.integrity import verify_pack
-from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.deploy.manifest import Manifest
 from specpack.errors import SpecpackError
-from specpack.runtime.buffers import DecodeBuffers
-from specpack.runtime.graph_check import check_graph_matches
-from specpack.runtime.kv_cache import ConcatKVCache
-from specpack.runtime.loop import generate_tokens
-from specpack.runtime.ort_engine import OrtDraftEngine, OrtTargetEngine
-from specpack.runtime.ort_session import OrtGraph
+from specpack.runtime.backend import Backend, BackendOptions, open_backend
+from specpack.runtime.drafter import Drafter, ModelDrafter
+from specpack.runtime.k_policy import FixedK, KPolicy
+from specpack.runtime.loop import decode
+from specpack.runtime.state import DecodeState
+from specpack.runtime.stats import DecodeStats
 from specpack.runtime.tokenizer import PackTokenizer
+from specpack.sampling import Uniforms
 from specpack.validation import PackLimits, check_generate_args, check_load_args, check_prompt
 
 
@@ -28,35 +34,58 @@ class Generation:
     tokens: list[int]                 # new token ids, ending with the eos id when one ended generation
     text: str                         # their text, special tokens skipped
     stats: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str = "length"     # "eos" | "length" (max_new_tokens reached) | "cancelled"
 
 
-def load(path: str | os.PathLike[str], *, threads: int | None = None, manifest_sha256: str | None = None) -> Pack:
-    """Open a pack: check every file against the manifest, then create the sessions.
+def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | None = None,
+         manifest_sha256: str | None = None) -> Pack:
+    """Open a pack: check every file against the manifest, then load the tokenizer and the backend.
 
+    device: a registered backend ("cpu", "cuda", "reference"; runtime/backend.py). threads: intra-op threads
+    per session (None: ONNX Runtime's default). The draft model is opened on its first use.
     `manifest_sha256` (printed by `specpack inspect`) pins the pack: any other manifest is refused.
     """
-    return Pack(Path(check_load_args(path, threads)), threads=threads, manifest_sha256=manifest_sha256)
+    path = Path(check_load_args(path, threads))
+    manifest = Manifest.read(path, sha256=manifest_sha256)
+    verify_pack(path, manifest)
+    tokenizer = PackTokenizer.load(path / "tokenizer")
+    backend = open_backend(device, path, manifest, BackendOptions(threads=threads))
+    return Pack(path, manifest, tokenizer, backend)
 
 
 class Pack:
-    def __init__(self, path: Path, *, threads: int | None = None, manifest_sha256: str | None = None) -> None:
-        self.path = path
-        self.manifest = Manifest.read(path, sha256=manifest_sha256)
-        verify_pack(path, self.manifest)
-        m = self.manifest
-        self.tokenizer = PackTokenizer.load(path / "tokenizer")
-        self.buffers = DecodeBuffers.allocate(m.max_len, m.k_max, m.vocab_size)
-        self.draft = OrtDraftEngine(*self._model(m.draft, threads))
-        self.target = OrtTargetEngine(*self._model(m.target, threads))
-        self.eos_ids = frozenset(m.eos_token_ids)
+    """A loaded pack, safe to share between threads.
 
-    def _model(self, entry: ModelEntry, threads: int | None) -> tuple[OrtGraph, ConcatKVCache, DecodeBuffers, int]:
-        graph = OrtGraph(self.path / entry.graph.path, threads=threads)
-        check_graph_matches(entry.graph, graph.session, entry.graph.path)
-        dtype = np.float16 if entry.dtype == "fp16" else np.float32
-        capacity = self.manifest.max_len + self.manifest.k_max + 1
-        cache = ConcatKVCache(2 * entry.num_layers, entry.kv_heads, entry.head_dim, capacity, np.dtype(dtype))
-        return graph, cache, self.buffers, entry.num_layers
+    Guarantee: `generate` may be called from any number of threads at once. One lock per pack serialises the
+    generations (one runs at a time; the others wait, in no particular order), so every call returns exactly
+    what it would return alone. Encoding the prompt and decoding the text run outside the lock; `on_text`
+    runs inside it, on the calling thread, and must not call `generate` on the same pack (that raises a
+    SpecpackError rather than deadlocking). `close` waits for a running generation. The backend, the drafter
+    and the tokenizer's stream are not thread-safe themselves: reach the backend only through `exclusive()`.
+    """
+
+    def __init__(self, path: Path, manifest: Manifest, tokenizer: PackTokenizer, backend: Backend,
+                 drafter: Drafter | None = None) -> None:
+        self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
+        self.drafter: Drafter = drafter if drafter is not None else ModelDrafter(backend.draft)
+        self.eos_ids = frozenset(manifest.eos_token_ids)
+        self._lock = threading.Lock()
+        self._owner: int | None = None  # the thread holding the lock
+
+    @contextmanager
+    def exclusive(self) -> Iterator[Backend]:
+        """Hold the pack's lock, as a generation does, and get the backend (bench timing drives it directly)."""
+        if self._owner == threading.get_ident():
+            raise SpecpackError("a generation on this pack was started from inside another one",
+                                expected="on_text (or a cancel callback) that does not call generate on the same pack",
+                                found="a nested call on the generating thread",
+                                hint="collect the text and generate after the call returns")
+        with self._lock:
+            self._owner = threading.get_ident()
+            try:
+                yield self.backend
+            finally:
+                self._owner = None
 
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
         """Prompt ids: a list of ids as is, a string tokenized as is, or wrapped in the chat template."""
@@ -65,12 +94,20 @@ class Pack:
             return self.tokenizer.encode_chat(checked) if chat else self.tokenizer.encode(checked)
         return checked
 
+    def policy(self, k: int) -> KPolicy:
+        """The k policy of one request: k drafts every step (0: the target alone)."""
+        return FixedK(k)
+
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, *, k: int | None = None,
                  temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 chat: bool = False, on_text: Callable[[str], None] | None = None) -> Generation:
+                 chat: bool = False, on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> Generation:
         """Speculative decoding with k drafts per step (default: the pack's k_max; k = 0: the target alone).
 
-        Greedy by default; the output distribution is the target's for any sampling parameters.
+        Greedy by default; the output distribution is the target's for any sampling parameters, and the same
+        seed gives the same tokens. `on_text` receives the text as it is decoded; an exception it raises
+        propagates and leaves the pack ready for the next call. `cancel` is checked before every step: once
+        set, generation stops within one step with finish_reason "cancelled".
         """
         m = self.manifest
         args = check_generate_args(prompt, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
@@ -79,8 +116,7 @@ class Pack:
         k = m.k_max if args.k is None else args.k
         ids = self.encode(prompt, chat=chat)
         self._check_request(len(ids), max_new_tokens, k)
-        self.buffers.set_sampling(params)
-        rng = None if params.greedy else np.random.Generator(np.random.Philox(seed))
+        policy = self.policy(k)
         stream = self.tokenizer.stream() if on_text is not None else None
 
         def on_tokens(new: list[int]) -> None:
@@ -89,13 +125,17 @@ class Pack:
                     if text := stream.push(token):
                         on_text(text)
 
-        tokens, stats = generate_tokens(self.draft, self.target, self.buffers, ids,
-                                        max_new_tokens, k, self.eos_ids, rng, on_tokens)
+        with self.exclusive() as backend:
+            state = DecodeState.start(ids, max_new_tokens, params, Uniforms(params, m.k_max, seed=seed),
+                                      eos_ids=self.eos_ids, max_len=m.max_len, k_max=m.k_max,
+                                      stats=DecodeStats(k=policy.k_max))
+            finish_reason = decode(state, backend.target(), self.drafter, policy, on_tokens, cancel)
         if stream is not None and on_text is not None and (rest := stream.flush()):
             on_text(rest)
-        result = stats.to_dict()
-        result["prompt_tokens"] = len(ids)
-        return Generation(tokens=tokens, text=self.tokenizer.decode(tokens), stats=result)
+        stats = state.stats.to_dict()
+        stats["prompt_tokens"] = len(ids)
+        return Generation(tokens=state.out, text=self.tokenizer.decode(state.out), stats=stats,
+                          finish_reason=finish_reason)
 
     def _check_request(self, n_prompt: int, max_new_tokens: int, k: int) -> None:
         m = self.manifest
@@ -108,5 +148,5 @@ class Pack:
                                 hint="shorten the prompt, lower --max-new-tokens, or re-export with a larger --max-len")
 
     def close(self) -> None:
-        self.draft.close()
-        self.target.close()
+        with self.exclusive() as backend:
+            backend.close()

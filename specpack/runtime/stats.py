@@ -1,4 +1,4 @@
-"""Speculative decoding statistics, with DESIGN.md's definitions (as vLLM reports them).
+"""Speculative decoding statistics, with docs/vocabulary.md's definitions (as vLLM reports them).
 
 alpha: accepted / proposed draft tokens, where proposed counts only drafts that were verified (k is
 capped at the tokens still allowed). tau: tokens emitted per verify step (accepted + 1).

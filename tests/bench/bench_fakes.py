@@ -1,6 +1,6 @@
 """Bench test helpers: a Pack on the numpy reference engines (no graphs, no files), and synthetic runs.
 
-    make_fake_pack(k_max=4)          a real `Pack` object whose engines are the reference backend's bigram models
+    make_fake_pack(k_max=4)          a real `Pack` on the reference backend over bigram models
     stats(k, steps=..., ...)         the runtime's per-generation stats dict, written by hand
     costs(c, v)                      StepCosts with the given c and v(k)
     make_run(runs, ks)               a BenchRun of hand-written PromptRuns, for the report maths
@@ -18,9 +18,8 @@ import numpy as np
 from specpack.bench.prompts import BenchPrompt
 from specpack.bench.runner import BenchConfig, BenchRun, Decode, PromptRun
 from specpack.bench.timing import StepCosts
-from specpack.runtime.buffers import DecodeBuffers
+from specpack.runtime.backends.reference import ReferenceBackend, bigram_logits
 from specpack.runtime.pack import Pack
-from specpack.runtime.reference_engine import ReferenceDraftEngine, ReferenceTargetEngine, bigram_logits
 
 V = 32
 
@@ -42,18 +41,12 @@ def make_fake_pack(k_max: int = 4, max_len: int = 200, draft_noise: float = 1.5)
     rng = np.random.default_rng(0)
     target_table = rng.normal(0, 3.0, (V, V)).astype(np.float32)  # [V, V]
     draft_table = target_table + rng.normal(0, draft_noise, (V, V)).astype(np.float32)
-    pack = object.__new__(Pack)
-    pack.path = Path("fake-pack")
-    pack.manifest = SimpleNamespace(  # type: ignore[assignment]
+    manifest = SimpleNamespace(
         k_max=k_max, max_len=max_len, vocab_size=V, quantization=None, eos_token_ids=[],
         draft=SimpleNamespace(dtype="fp32", source={"source": "draft", "resolved": None}),
         target=SimpleNamespace(dtype="fp32", source={"source": "target", "resolved": None}))
-    pack.tokenizer = CharTokenizer()  # type: ignore[assignment]
-    pack.buffers = DecodeBuffers.allocate(max_len, k_max, V)
-    pack.draft = ReferenceDraftEngine(bigram_logits(draft_table), pack.buffers)  # type: ignore[assignment]
-    pack.target = ReferenceTargetEngine(bigram_logits(target_table), pack.buffers)  # type: ignore[assignment]
-    pack.eos_ids = frozenset()
-    return pack
+    backend = ReferenceBackend(bigram_logits(target_table), lambda: bigram_logits(draft_table), V, k_max)
+    return Pack(Path("fake-pack"), manifest, CharTokenizer(), backend)  # type: ignore[arg-type]
 
 
 def stats(k: int, *, steps: int, accepted: int, new_tokens: int, decode_s: float, ttft_s: float = 0.1,

@@ -12,5 +12,5 @@ from specpack.runtime.pack import Pack
 def fake_pack(monkeypatch: pytest.MonkeyPatch) -> Pack:
     """A fake pack that `specpack.runtime.pack.load` returns, whatever the path."""
     pack = make_fake_pack()
-    monkeypatch.setattr("specpack.runtime.pack.load", lambda path, threads=None: pack)
+    monkeypatch.setattr("specpack.runtime.pack.load", lambda path, device="cpu", threads=None: pack)
     return pack

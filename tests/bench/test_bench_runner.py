@@ -44,15 +44,18 @@ def test_prompts_too_long_are_skipped_not_truncated(fake_pack: Pack) -> None:
 def test_check_ks() -> None:
     assert check_ks(None, 4) == (4,)
     assert check_ks([4, 1, 2, 2], 4) == (1, 2, 4)
-    with pytest.raises(SpecpackError, match=r"drafts per step in 1\.\.4"):
+    with pytest.raises(SpecpackError, match=r"an integer in 1\.\.4 \(this pack's k_max\)"):
         check_ks([1, 8], 4)
+    with pytest.raises(SpecpackError, match="invalid --k"):
+        check_ks([0, 2], 4)  # k = 0 is the baseline every sweep runs: not a sweep value
 
 
 def test_timing_restores_state() -> None:
     pack = make_fake_pack(k_max=4)
     costs = measure_step_costs(pack, (1, 4), context=30, filler=[3, 4, 5], reps=3, warmup=1)
     assert costs.context_tokens == 30 and costs.target_step_s > 0 and costs.v(4) > 0
-    assert pack.target.kv_length == 0 and pack.draft.kv_length == 0
+    backend = pack.backend
+    assert backend.target().cached == [0] and backend.draft().cached == [0]  # type: ignore[attr-defined]
     out = pack.generate([3, 4, 5], 10, k=4)
     assert out.tokens == pack.generate([3, 4, 5], 10, k=0).tokens
 

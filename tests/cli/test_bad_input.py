@@ -69,10 +69,16 @@ def pack(tiny_pack) -> Path:
     return tiny_pack("qwen2", "noisy")[0]
 
 
-@pytest.mark.parametrize("k", ["-1", "17"])
-def test_generate_k_out_of_range(pack: Path, k: str) -> None:
+@pytest.mark.parametrize(("k", "allowed"), [("-1", "0..16"), ("17", "0..16"), ("9", "0..8")])
+def test_generate_k_out_of_range(pack: Path, k: str, allowed: str) -> None:
+    """Past any pack's limit before loading it; past this pack's k_max (8) once loaded."""
     code, text = _run(["generate", str(pack), "--prompt", "hi", "--k", k])
-    _assert_error(code, text, "0..16", k)
+    _assert_error(code, text, allowed, k)
+
+
+def test_generate_unknown_device(pack: Path) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "hi", "--device", "gpu"])
+    _assert_error(code, text, "unknown device", "cpu | cuda | reference")
 
 
 def test_prompt_longer_than_max_len(pack: Path) -> None:
@@ -129,7 +135,7 @@ def test_generate_json_prints_one_object(pack: Path) -> None:
     code, text = _run(["generate", str(pack), "--prompt", "def add(a, b):", "--max-new-tokens", "12", "--json"])
     assert code == 0, text
     out = json.loads(text)
-    assert set(out) == {"tokens", "text", "stats"} and len(out["tokens"]) <= 12
+    assert set(out) == {"tokens", "text", "finish_reason", "stats"} and len(out["tokens"]) <= 12
     assert {"alpha", "tau", "steps", "proposed", "accepted", "per_position", "tokens_per_s"} <= set(out["stats"])
 
 
@@ -140,3 +146,11 @@ def test_model_dir_without_weights(tmp_path: Path, tiny_pairs) -> None:
     code, text = _run(["--draft", str(draft), "--target", str(bare), "-o", str(tmp_path / "p")], spec_export)
     _assert_error(code, text, "has no weights", "config.json")
     assert code == 2 and not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("args", [["--k", "0"], ["--k", "3", "--device", "reference", "--threads", "1"]])
+def test_generate_k0_and_the_reference_device(pack: Path, args: list[str]) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "def add(a, b):", "--max-new-tokens", "8", "--json", *args])
+    assert code == 0, text
+    out = json.loads(text)
+    assert out["finish_reason"] in ("eos", "length") and out["stats"]["k"] == int(args[1])

@@ -164,4 +164,8 @@ def test_graph_described_wrongly_is_refused_at_load(pack: Path) -> None:
         spec = next(s for s in m["draft"]["graph"]["inputs"] if s["name"] == "temperature")
         spec["dtype"] = "float16"
     _edit(pack, change)
-    _refused(pack, "draft_step.onnx does not match the manifest's description", "temperature")
+    loaded = specpack.load(pack)  # the draft's session opens on first use (k = 0 never opens it): checked then
+    with pytest.raises(SpecpackError) as err:
+        loaded.generate("def add(a, b):", 4, k=2)
+    assert "draft_step.onnx does not match the manifest's description" in str(err.value)
+    assert "temperature" in str(err.value)

@@ -1,4 +1,4 @@
-"""Loading a pack and generating needs neither torch, transformers nor onnx (DESIGN.md: the runtime)."""
+"""Loading a pack and generating needs neither torch, transformers nor onnx (docs/architecture.md)."""
 
 from __future__ import annotations
 

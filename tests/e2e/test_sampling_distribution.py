@@ -35,13 +35,18 @@ import pytest
 import specpack
 from specpack.errors import SpecpackError
 from specpack.graphs import oracle
-from specpack.runtime.engine import DraftEngine, TargetEngine
+from specpack.limits import numpy_dtype
+from specpack.runtime.backend import DraftModel, TargetModel
+from specpack.runtime.backends.cpu import OrtDraft
+from specpack.runtime.drafter import Drafter, ModelDrafter
+from specpack.runtime.k_policy import FixedK
 from specpack.runtime.kv_cache import ConcatKVCache
-from specpack.runtime.loop import generate_tokens
-from specpack.runtime.ort_engine import OrtDraftEngine
+from specpack.runtime.loop import decode
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.pack import Pack
-from specpack.sampling import SamplingParams
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+from specpack.runtime.stats import DecodeStats
+from specpack.sampling import SamplingParams, Uniforms
 from tests.distribution import (
     Continuation,
     ExactPartition,
@@ -138,8 +143,8 @@ class TargetLogits:
 
 
 class ShadowDraft:
-    """The pack's draft engine, then a second session of the same draft graph (same ids, its own cache
-    and sampling inputs) whose q overwrites the one the real draft step wrote into buffers.draft_probs.
+    """The pack's draft model, then a second session of the same draft graph (same ids, its own cache and
+    sampling inputs) whose q overwrites the one the real draft step wrote into the q buffer the verify reads.
 
     With `q_params` = RAW this is the canonical bug: the token is drawn from the transformed distribution,
     but the q the verify graph divides by is softmax(raw logits), taken before the transform (as in
@@ -151,56 +156,57 @@ class ShadowDraft:
 
     def __init__(self, pack: Pack, q_params: SamplingParams) -> None:
         m, entry = pack.manifest, pack.manifest.draft
-        self.real, self.buffers, self.max_q_diff = pack.draft, pack.buffers, 0.0
-        own = dataclasses.replace(  # ids, positions and mask shared: the shadow reads the same tokens
-            pack.buffers, draft_probs=np.zeros_like(pack.buffers.draft_probs),
-            draft_uniforms=np.zeros_like(pack.buffers.draft_uniforms), draft_token=np.zeros_like(pack.buffers.draft_token),
-            temperature=np.zeros(1, np.float32), top_k=np.zeros(1, np.int64), top_p=np.ones(1, np.float32))
-        own.set_sampling(q_params)
-        dtype = np.dtype(np.float16 if entry.dtype == "fp16" else np.float32)
-        cache = ConcatKVCache(2 * entry.num_layers, entry.kv_heads, entry.head_dim, m.max_len + m.k_max + 1, dtype)
-        self.shadow = OrtDraftEngine(OrtGraph(pack.path / entry.graph.path, threads=1), cache, own, entry.num_layers)
+        self.real: DraftModel = pack.backend.draft()
+        self.max_q_diff, self.q_inputs = 0.0, q_params.graph_inputs()
+        cache = ConcatKVCache(entry.num_layers, entry.kv_heads, entry.head_dim, m.max_len + m.k_max + 1,
+                              numpy_dtype(entry.dtype))
+        self.shadow = OrtDraft(OrtGraph(pack.path / entry.graph.path, threads=1), [cache],
+                               pack.backend.constants, m.k_max, m.vocab_size)  # type: ignore[attr-defined]
 
-    @property
-    def kv_length(self) -> int:
-        return self.real.kv_length
+    def reset(self, state: DecodeState) -> None:
+        self.real.reset(state)
+        self.shadow.reset(state)
 
-    def propose(self, end: int, slot: int) -> int:
-        token = self.real.propose(end, slot)
-        self.shadow.propose(end, slot)
-        q_real, q_shadow = self.buffers.draft_probs[0, slot], self.shadow.buffers.draft_probs[0, slot]
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        token = self.real.step(state, end, row)
+        self.shadow.step(dataclasses.replace(state, sampling_inputs=self.q_inputs), end, row)  # same ids, q params
+        q_real, q_shadow = self.real.q(state, row + 1)[0, row], self.shadow.q(state, row + 1)[0, row]
         self.max_q_diff = max(self.max_q_diff, float(np.abs(q_real - q_shadow).max()))
         q_real[:] = q_shadow
         return token
 
-    def rollback(self, length: int) -> None:
-        self.real.rollback(length)
-        self.shadow.rollback(length)
+    def q(self, state: DecodeState, k: int) -> Any:
+        return self.real.q(state, k)
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.real.rollback(state, length)
+        self.shadow.rollback(state, length)
 
     def close(self) -> None:
-        self.shadow.close()
+        self.shadow.graph.close()
+
+
+def drafter_over(model: DraftModel) -> ModelDrafter:
+    """The model drafter over a given draft model (a wrapper) instead of the pack's."""
+    return ModelDrafter(lambda: model)
 
 
 class RecordingTarget:
-    """The pack's target engine, recording (k, n_accepted) of every verify."""
+    """The pack's target model, recording (k, n_accepted) of every verify."""
 
-    def __init__(self, real: TargetEngine) -> None:
+    def __init__(self, real: TargetModel) -> None:
         self.real, self.calls = real, list[tuple[int, int]]()
 
-    @property
-    def kv_length(self) -> int:
-        return self.real.kv_length
+    def reset(self, state: DecodeState) -> None:
+        self.real.reset(state)
 
-    def verify(self, end: int, k: int) -> tuple[int, int]:
-        n, token = self.real.verify(end, k)
-        self.calls.append((k, n))
-        return n, token
+    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
+        result = self.real.verify(state, proposal)
+        self.calls.append((proposal.k, result.n_accepted))
+        return result
 
-    def rollback(self, length: int) -> None:
-        self.real.rollback(length)
-
-    def close(self) -> None:
-        self.real.close()
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.real.rollback(state, length)
 
 
 @dataclasses.dataclass
@@ -218,16 +224,14 @@ class _Decided(Exception):
     """Raised from on_tokens to end a generation whose bin is already fixed."""
 
 
-def draw_samples(pack: Pack, draft: DraftEngine, prompt: list[int], params: SamplingParams, k: int, seed: int,
+def draw_samples(pack: Pack, drafter: Drafter, prompt: list[int], params: SamplingParams, k: int, seed: int,
                  n: int = SAMPLES, decided: Callable[[Continuation], bool] | None = None) -> Samples:
     """n generations of k + 2 tokens (the first step verifies all k drafts), one Philox generator across them.
 
     A generation ends early at an eos, or once `decided` says its tokens so far fix its bin: the tokens
     after that cannot change the chi-square, and skipping them halves the cost where distributions are flat.
     """
-    pack.buffers.set_sampling(params)
-    rng = np.random.Generator(np.random.Philox(seed))
-    target = RecordingTarget(pack.target)
+    m, rng = pack.manifest, np.random.Generator(np.random.Philox(seed))
     out: list[Continuation] = []
     tokens: list[int] = []  # the current generation's
 
@@ -236,11 +240,15 @@ def draw_samples(pack: Pack, draft: DraftEngine, prompt: list[int], params: Samp
         if decided is not None and decided(tuple(tokens)):
             raise _Decided
 
-    for _ in range(n):
-        tokens.clear()
-        with contextlib.suppress(_Decided):
-            generate_tokens(draft, target, pack.buffers, prompt, k + 2, k, pack.eos_ids, rng, on_tokens)
-        out.append(tuple(tokens))
+    with pack.exclusive() as backend:
+        target = RecordingTarget(backend.target())
+        for _ in range(n):
+            tokens.clear()
+            state = DecodeState.start(prompt, k + 2, params, Uniforms(params, m.k_max, generator=rng),
+                                      eos_ids=pack.eos_ids, max_len=m.max_len, k_max=m.k_max, stats=DecodeStats(k=k))
+            with contextlib.suppress(_Decided):
+                decode(state, target, drafter, FixedK(k), on_tokens)
+            out.append(tuple(tokens))
     return Samples(out, sum(k_step for k_step, _ in target.calls), sum(acc for _, acc in target.calls))
 
 
@@ -295,7 +303,7 @@ def test_partition_agrees_with_full_enumeration(exact: PartitionFor, target_logi
 def test_distribution_is_the_targets(pack: Pack, prompt_ids: list[int], exact: PartitionFor, params: SamplingParams,
                                      k: int) -> None:
     part = exact(params, k + 2)
-    samples = draw_samples(pack, pack.draft, prompt_ids, params, k, _seed(params, k), decided=part.decided)
+    samples = draw_samples(pack, pack.drafter, prompt_ids, params, k, _seed(params, k), decided=part.decided)
     assert 0.2 < samples.alpha < 0.95, f"acceptance {samples.alpha:.3f}: the test would not exercise rejections"
     p = pvalue(part, samples)
     print(f"{_id(params)} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
@@ -312,7 +320,8 @@ def test_catches_q_taken_before_the_transform(pack: Pack, prompt_ids: list[int],
     """Same samples, same seed, same test as test_distribution_is_the_targets[params, k]: only q differs."""
     part, broken = exact(params, k + 2), ShadowDraft(pack, RAW)
     try:
-        samples = draw_samples(pack, broken, prompt_ids, params, k, _seed(params, k), decided=part.decided)
+        samples = draw_samples(pack, drafter_over(broken), prompt_ids, params, k, _seed(params, k),
+                               decided=part.decided)
     finally:
         broken.close()
     assert broken.max_q_diff > 0.01  # q was really replaced
@@ -327,11 +336,11 @@ def test_shadow_wrapper_is_transparent(pack: Pack, prompt_ids: list[int]) -> Non
     for (params, _), k in zip(BROKEN, (1, 6), strict=True):  # k = 6: every draft slot, catch-up after all accepted
         control = ShadowDraft(pack, params)
         try:
-            wrapped = draw_samples(pack, control, prompt_ids, params, k, _seed(params, k), n=300)
+            wrapped = draw_samples(pack, drafter_over(control), prompt_ids, params, k, _seed(params, k), n=300)
         finally:
             control.close()
         assert control.max_q_diff == 0.0
-        bare = draw_samples(pack, pack.draft, prompt_ids, params, k, _seed(params, k), n=300)
+        bare = draw_samples(pack, pack.drafter, prompt_ids, params, k, _seed(params, k), n=300)
         assert wrapped.continuations == bare.continuations
 
 
@@ -349,8 +358,8 @@ def test_same_seed_same_tokens(pack: Pack, pack_dirs: tuple[Path, Path, Path]) -
 
 def test_stats_under_sampling_as_under_greedy(pack: Pack, monkeypatch: pytest.MonkeyPatch) -> None:
     """Same keys as greedy; proposed = the k actually verified per step (capped), alpha = accepted / proposed."""
-    recorder = RecordingTarget(pack.target)
-    monkeypatch.setattr(pack, "target", recorder)
+    recorder = RecordingTarget(pack.backend.target())
+    monkeypatch.setattr(pack.backend, "target", lambda: recorder)
     greedy = pack.generate(PROMPT, 30, k=6).stats
     settings: list[dict[str, Any]] = [{}, {"temperature": 1.0, "seed": 3}, {"temperature": 0.5, "top_k": 5, "seed": 4}]
     for kwargs in settings:

@@ -1,15 +1,17 @@
-"""Speculative sampling on the numpy reference engines has the target's exact distribution (chi-square),
-and the same test catches a draft whose q is not the distribution its token was drawn from."""
+"""Speculative sampling on the reference backend has the target's exact distribution (chi-square), for the model
+drafter and for a deterministic one (q None: one-hot), and the same test catches a draft whose q is not the
+distribution its token was drawn from."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from harness import LookupDrafter, bigram_backend, run
 
 from specpack.graphs import oracle
-from specpack.runtime.buffers import DecodeBuffers
-from specpack.runtime.loop import generate_tokens
-from specpack.runtime.reference_engine import ReferenceDraftEngine, ReferenceTargetEngine, bigram_logits
+from specpack.runtime.backends.reference import ReferenceDraft
+from specpack.runtime.drafter import Drafter
+from specpack.runtime.state import DecodeState
 from specpack.sampling import SamplingParams
 from tests.distribution import chi_square_pvalue, exact_continuations, transformed_next_probs
 
@@ -18,13 +20,13 @@ SETTINGS = [SamplingParams(0.5), SamplingParams(1.0), SamplingParams(1.5), Sampl
             SamplingParams(1.0, top_p=0.8)]
 
 
-class _QBeforeTransform(ReferenceDraftEngine):
+class _QBeforeTransform(ReferenceDraft):
     """Broken on purpose: draws from the transformed distribution but reports q before the transform."""
 
-    def propose(self, end: int, slot: int) -> int:
-        token = super().propose(end, slot)
-        logits = self.logits_fn(self.buffers.ids[0, :end])[-1].astype(np.float32)
-        self.buffers.draft_probs[0, slot] = oracle.transform(logits[None], SamplingParams(1.0))[0]
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        token = super().step(state, end, row)
+        logits = self.logits_fn(state.ids[:end], 1).astype(np.float32)  # [1, V]
+        self.q(state, row + 1)[0, row] = oracle.transform(logits, SamplingParams(1.0))[0]
         return token
 
 
@@ -35,16 +37,16 @@ def _tables() -> tuple[np.ndarray, np.ndarray]:
     return target, draft
 
 
-def _samples(draft_cls: type[ReferenceDraftEngine], params: SamplingParams, k: int) -> list[tuple[int, ...]]:
+def _samples(params: SamplingParams, k: int, broken: bool = False, drafter: Drafter | None = None) -> list[tuple[int, ...]]:
     target_table, draft_table = _tables()
-    buffers = DecodeBuffers.allocate(16, 8, V)
-    buffers.set_sampling(params)
-    draft, target = draft_cls(bigram_logits(draft_table), buffers), ReferenceTargetEngine(bigram_logits(target_table), buffers)
-    rng = np.random.Generator(np.random.Philox(1234))
+    backend = bigram_backend(target_table, draft_table, k_max=8)
+    if broken:
+        backend._draft = _QBeforeTransform(backend.draft().logits_fn, 1, 8, V)
+    rng = np.random.Generator(np.random.Philox(1234))  # one generator across every generation
     # k + 2 new tokens, so the first step really verifies k drafts (k is capped at the tokens still allowed);
     # the first LENGTH tokens of the output then have the exact LENGTH-token continuation distribution
-    return [tuple(generate_tokens(draft, target, buffers, PROMPT, max(LENGTH, k + 2), k, frozenset(), rng)[0][:LENGTH])
-            for _ in range(SAMPLES)]
+    return [tuple(run(backend, PROMPT, max(LENGTH, k + 2), k, params=params, generator=rng, max_len=16,
+                      drafter=drafter)[0].out[:LENGTH]) for _ in range(SAMPLES)]
 
 
 def _exact(params: SamplingParams) -> dict[tuple[int, ...], float]:
@@ -56,9 +58,25 @@ def _exact(params: SamplingParams) -> dict[tuple[int, ...], float]:
 @pytest.mark.parametrize("k", [1, 3, 6])
 @pytest.mark.parametrize("params", SETTINGS, ids=str)
 def test_distribution_is_the_targets(params: SamplingParams, k: int) -> None:
-    assert chi_square_pvalue(_samples(ReferenceDraftEngine, params, k), _exact(params)) > 1e-3
+    assert chi_square_pvalue(_samples(params, k), _exact(params)) > 1e-3
+
+
+@pytest.mark.parametrize("params", [SETTINGS[1], SETTINGS[3]], ids=str)
+def test_deterministic_drafts_keep_the_distribution(params: SamplingParams) -> None:
+    """q None (one-hot): accept x with probability p(x), else draw from p without x; the draft's greedy
+    continuation as the proposal (right often, not always)."""
+    _, draft_table = _tables()
+
+    def continuation(state: DecodeState) -> list[int]:
+        last, out = int(state.ids[state.length - 1]), []
+        for _ in range(3):
+            last = int(np.argmax(draft_table[last]))
+            out.append(last)
+        return out
+
+    assert chi_square_pvalue(_samples(params, 3, drafter=LookupDrafter(continuation)), _exact(params)) > 1e-3
 
 
 @pytest.mark.parametrize("params", [SamplingParams(0.5), SamplingParams(1.0, top_k=2), SamplingParams(1.0, top_p=0.6)], ids=str)
 def test_catches_q_taken_before_the_transform(params: SamplingParams) -> None:
-    assert chi_square_pvalue(_samples(_QBeforeTransform, params, 3), _exact(params)) < 1e-3
+    assert chi_square_pvalue(_samples(params, 3, broken=True), _exact(params)) < 1e-3

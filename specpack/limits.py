@@ -1,0 +1,44 @@
+"""Limits shared by export, the runtime, the CLI and bench: each is defined here once (docs/contracts.md).
+
+    k at export     a pack's k_max, the most drafts one verify takes:  K_MIN..K_MAX (1..16)
+    k at run time   drafts per step for one request:                   0..the pack's k_max (0: the target alone)
+    dtypes          the graph dtypes spec-export writes                DTYPES (host arrays: NUMPY_DTYPES)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from specpack.errors import SpecpackError
+
+K_MIN, K_MAX = 1, 16       # a pack's k_max (spec-export --k)
+DEFAULT_K = 4              # spec-export's default k_max
+DEFAULT_MAX_LEN = 2048     # spec-export's default max length (capped by the models' position limits)
+DTYPES = ("fp32", "fp16")  # graph dtypes spec-export writes
+NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # a graph dtype -> its KV cache's host dtype
+
+
+def check_export_k(k: object) -> int:
+    """A pack's k_max: an integer in K_MIN..K_MAX."""
+    if isinstance(k, bool) or not isinstance(k, int) or not K_MIN <= k <= K_MAX:
+        raise SpecpackError("invalid --k", expected=f"an integer in {K_MIN}..{K_MAX}", found=repr(k))
+    return k
+
+
+def check_k(k: object, k_max: int = K_MAX, *, minimum: int = 0, what: str = "k") -> int:
+    """Drafts per step at run time: an integer (Python or numpy) in minimum..k_max, k_max being the pack's
+    (K_MAX, any pack's largest, before a pack is loaded); 0 is the target alone."""
+    whose = "this pack's k_max" if k_max < K_MAX else "the largest k_max"
+    if isinstance(k, (bool, np.bool_)) or not isinstance(k, (int, np.integer)) or not minimum <= k <= k_max:
+        alone = "; 0: the target alone" if minimum == 0 else ""
+        raise SpecpackError(f"invalid {what}", expected=f"an integer in {minimum}..{k_max} ({whose}{alone})",
+                            found=repr(k), hint="re-export with a larger --k for more drafts per step")
+    return int(k)
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The host dtype of a graph dtype's KV cache (the heads' q and outputs are fp32 / int64 in every dtype)."""
+    if dtype not in NUMPY_DTYPES:
+        raise SpecpackError("unsupported graph dtype", expected=" | ".join(NUMPY_DTYPES), found=repr(dtype),
+                            hint="this runtime is older than the pack: upgrade specpack")
+    return np.dtype(NUMPY_DTYPES[dtype])

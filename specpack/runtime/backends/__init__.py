@@ -1,0 +1,1 @@
+"""One module per backend, each with `load(path, manifest, options) -> Backend` (runtime/backend.py)."""

@@ -1,0 +1,175 @@
+"""The `cpu` backend: ONNX Runtime's CPU EP over host buffers allocated once (docs/architecture.md, "Backends").
+
+    OrtBackend
+      target()  OrtTarget: verify.onnx, one ConcatKVCache per slot, n_accepted / next_token [1] per slot
+      draft()   OrtDraft:  draft_step.onnx (opened on first use), a cache, q [1, k_max, V] and token [1] per slot
+
+Every input is a view bound by pointer (IOBinding): input_ids is state.ids[None, cached:end], the drafts
+already in place; position_ids and attention_mask are views of constants; past and present are the
+cache's views; q is the draft's buffer, read by the verify as it was written. Per step the host reads
+back two integers from the verify and one per draft, never logits.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from specpack import names
+from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.limits import numpy_dtype
+from specpack.runtime.backend import BackendOptions
+from specpack.runtime.graph_check import check_graph_matches
+from specpack.runtime.kv_cache import ConcatKVCache, KVCache
+from specpack.runtime.ort_session import OrtGraph
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+
+
+def load(path: Path, manifest: Manifest, options: BackendOptions) -> OrtBackend:
+    return OrtBackend(path, manifest, options)
+
+
+@dataclass(frozen=True)
+class Constants:
+    """Read-only inputs shared by every slot and both models."""
+
+    positions: np.ndarray   # int64 [1, max_len + k_max + 1]  0, 1, 2, ... (position_ids are views)
+    mask: np.ndarray        # int64 [1, max_len + k_max + 1]  all ones (attention_mask is a view)
+    no_q: np.ndarray        # fp32 [1, 0, V]                   draft_probs of a verify with no drafts
+
+    @classmethod
+    def allocate(cls, width: int, vocab_size: int) -> Constants:
+        return cls(positions=np.arange(width, dtype=np.int64)[None, :], mask=np.ones((1, width), np.int64),
+                   no_q=np.zeros((1, 0, vocab_size), np.float32))
+
+
+class _OrtModel:
+    """What both models share: per slot a cache and an IOBinding; bind ids[cached:end] and run."""
+
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants) -> None:
+        self.graph, self.caches, self.constants = graph, caches, constants
+        self._bindings = [graph.new_binding() for _ in caches]
+
+    def reset(self, state: DecodeState) -> None:
+        self.caches[state.slot].reset()
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        cache = self.caches[state.slot]
+        cache.rollback(min(length, cache.length))
+
+    def _run(self, state: DecodeState, end: int, extra_inputs: dict[str, np.ndarray],
+             extra_outputs: dict[str, np.ndarray]) -> None:
+        cache, c = self.caches[state.slot], self.constants
+        start = cache.length
+        inputs = {
+            names.INPUT_IDS: state.ids[None, start:end],          # [1, S]
+            names.POSITION_IDS: c.positions[:, start:end],        # [1, S]
+            **state.sampling_inputs,                              # [1] each
+            **cache.bind_inputs(end - start),                     # past [1, H, L, D] each (and lengths, by form)
+            **extra_inputs,
+        }
+        if names.ATTENTION_MASK not in inputs:
+            inputs[names.ATTENTION_MASK] = c.mask[:, :end]       # [1, L + S]
+        self.graph.run(self._bindings[state.slot], inputs, {**cache.bind_outputs(end - start), **extra_outputs})
+        cache.advance(end - start)
+
+
+class OrtDraft(_OrtModel):
+    """draft_step.onnx: S new tokens in, one drawn token and its distribution q out."""
+
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int) -> None:
+        super().__init__(graph, caches, constants)
+        self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in caches]  # [1, k_max, V] per slot
+        self._token = [np.zeros(1, np.int64) for _ in caches]                     # [1] per slot
+
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        token, q = self._token[state.slot], self._q[state.slot]
+        self._run(state, end,
+                  {names.UNIFORM: state.uniforms.draft[row : row + 1]},  # [1]
+                  {names.TOKEN: token, names.PROBS: q[:, row]})          # [1], [1, V]
+        return int(token[0])
+
+    def q(self, state: DecodeState, k: int) -> np.ndarray:
+        return self._q[state.slot][:, :k]  # [1, k, V]
+
+
+class OrtTarget(_OrtModel):
+    """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token out."""
+
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int) -> None:
+        super().__init__(graph, caches, constants)
+        self._outputs = [{names.N_ACCEPTED: np.zeros(1, np.int64), names.NEXT_TOKEN: np.zeros(1, np.int64)}
+                         for _ in caches]  # [1] each, per slot
+        self._one_hot = [np.zeros(0, np.float32) for _ in caches]  # [1, k_max, V] per slot, allocated on first use
+        self.k_max, self.vocab_size = k_max, vocab_size
+
+    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
+        k, outputs = proposal.k, self._outputs[state.slot]
+        q = self.constants.no_q if k == 0 else proposal.q if proposal.q is not None else self._set_one_hot(state, proposal)
+        try:
+            self._run(state, state.length + k,
+                      {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
+                      outputs)
+        finally:
+            if k and proposal.q is None:
+                q[0, np.arange(k), proposal.tokens] = 0.0  # back to all zeros, whatever happened
+        n = int(outputs[names.N_ACCEPTED][0])
+        self.rollback(state, state.length + n)  # the rejected drafts leave the cache
+        return VerifyResult(n, int(outputs[names.NEXT_TOKEN][0]))
+
+    def _set_one_hot(self, state: DecodeState, proposal: Proposal) -> np.ndarray:
+        """A deterministic proposal's q: one-hot rows on its tokens, in an all-zero buffer kept per slot."""
+        if not self._one_hot[state.slot].size:
+            self._one_hot[state.slot] = np.zeros((1, self.k_max, self.vocab_size), np.float32)
+        q = self._one_hot[state.slot][:, : proposal.k]  # [1, k, V]
+        q[0, np.arange(proposal.k), proposal.tokens] = 1.0
+        return q
+
+
+class OrtBackend:
+    """Both models on ONNX Runtime with host buffers; the draft's session opens on first use."""
+
+    name = "cpu"
+    providers: tuple[str, ...] = ("CPUExecutionProvider",)
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
+        self.path, self.manifest, self.options = path, manifest, options
+        m = manifest
+        self.constants = Constants.allocate(m.max_len + m.k_max + 1, m.vocab_size)
+        self._target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, m.k_max, m.vocab_size)
+        self._draft: OrtDraft | None = None
+        self._draft_lock = threading.Lock()
+
+    @property
+    def draft_loaded(self) -> bool:
+        return self._draft is not None
+
+    def target(self) -> OrtTarget:
+        return self._target
+
+    def draft(self) -> OrtDraft:
+        if self._draft is None:
+            with self._draft_lock:  # requests on different slots may ask at once
+                if self._draft is None:
+                    m = self.manifest
+                    self._draft = OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max,
+                                           m.vocab_size)
+        return self._draft
+
+    def close(self) -> None:
+        self._target.graph.close()
+        if self._draft is not None:
+            self._draft.graph.close()
+
+    def _graph(self, entry: ModelEntry) -> OrtGraph:
+        graph = OrtGraph(self.path / entry.graph.path, threads=self.options.threads, providers=list(self.providers))
+        check_graph_matches(entry.graph, graph.session, entry.graph.path)  # the manifest's I/O sizes every buffer
+        return graph
+
+    def _caches(self, entry: ModelEntry) -> list[KVCache]:
+        capacity = self.manifest.max_len + self.manifest.k_max + 1
+        return [ConcatKVCache(entry.num_layers, entry.kv_heads, entry.head_dim, capacity, numpy_dtype(entry.dtype))
+                for _ in range(self.options.slots)]

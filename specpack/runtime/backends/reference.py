@@ -1,0 +1,156 @@
+"""The `reference` backend: the numpy oracle's sampling and acceptance over logits functions, with no KV cache.
+
+It is the oracle for the other backends (docs/architecture.md, "Backends"): every call recomputes the
+logits of the whole prefix, so there is no cache to get wrong, and the draw and the acceptance test are
+graphs/oracle.py's. Over in-memory logits functions (bigram tables) it needs nothing but numpy, so the
+loop is tested on its own; over a pack (`load`, device "reference") the logits come from the pack's own
+graphs with their internal `logits` exposed, run by ONNX Runtime on the CPU, which needs onnx (the
+`export` extra) and fits small packs only.
+
+It also checks the loop's side of the contract: a verify runs over at least k + 1 new tokens, and a
+draft step over at least one.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from specpack import names
+from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.graphs import oracle
+from specpack.runtime.backend import BackendOptions
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+from specpack.sampling import SamplingParams
+
+LogitsFn = Callable[[np.ndarray, int], np.ndarray]  # (ids [n], rows) -> logits [rows, V] of the last rows positions
+
+
+def bigram_logits(table: np.ndarray) -> LogitsFn:
+    """A model whose next-token logits depend on the last token only: table [V, V]."""
+    return lambda ids, rows: table[ids[len(ids) - rows :]]
+
+
+class _ReferenceModel:
+    def __init__(self, logits_fn: LogitsFn, slots: int) -> None:
+        self.logits_fn = logits_fn
+        self.cached = [0] * slots  # per slot: positions the model has "seen" (bookkeeping; nothing is cached)
+        self.calls = 0
+        self.new_tokens: list[int] = []  # S of every call
+
+    def reset(self, state: DecodeState) -> None:
+        self.cached[state.slot] = 0
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.cached[state.slot] = min(self.cached[state.slot], length)
+
+    def _logits(self, state: DecodeState, end: int, rows: int) -> np.ndarray:
+        """Logits [rows, V] of the last `rows` of ids[:end], which must all be new to this model."""
+        start = self.cached[state.slot]
+        if end - start < rows:
+            raise RuntimeError(f"run over ids[{start}:{end}]: fewer new tokens than the {rows} rows it needs")
+        self.calls += 1
+        self.new_tokens.append(end - start)
+        self.cached[state.slot] = end
+        return np.asarray(self.logits_fn(state.ids[:end], rows), dtype=np.float32)  # [rows, V]
+
+
+class ReferenceDraft(_ReferenceModel):
+    def __init__(self, logits_fn: LogitsFn, slots: int, k_max: int, vocab_size: int) -> None:
+        super().__init__(logits_fn, slots)
+        self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in range(slots)]  # [1, k_max, V] per slot
+
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        logits = self._logits(state, end, 1)[-1]  # [V]
+        token, q = oracle.draft_step(logits, float(state.uniforms.draft[row]), state.params)
+        self._q[state.slot][0, row] = q
+        return token
+
+    def q(self, state: DecodeState, k: int) -> np.ndarray:
+        return self._q[state.slot][:, :k]  # [1, k, V]
+
+
+class ReferenceTarget(_ReferenceModel):
+    def __init__(self, logits_fn: LogitsFn, slots: int, vocab_size: int) -> None:
+        super().__init__(logits_fn, slots)
+        self.vocab_size = vocab_size
+
+    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
+        k = proposal.k
+        logits = self._logits(state, state.length + k, k + 1)  # [k+1, V]
+        if proposal.q is not None:
+            q = np.asarray(proposal.q)[0]  # [k, V]
+        else:  # deterministic drafts: one-hot on each token
+            q = np.zeros((k, self.vocab_size), np.float32)
+            q[np.arange(k), proposal.tokens] = 1.0
+        n, token = oracle.verify(logits, proposal.tokens, q, state.uniforms.verify[0, : k + 1], state.params)
+        self.cached[state.slot] = state.length + n
+        return VerifyResult(n, token)
+
+
+class ReferenceBackend:
+    name = "reference"
+
+    def __init__(self, target: LogitsFn, draft: Callable[[], LogitsFn], vocab_size: int, k_max: int,
+                 slots: int = 1) -> None:
+        """target: the target's logits function; draft: makes the draft's, called on first use."""
+        self._target = ReferenceTarget(target, slots, vocab_size)
+        self._draft_loader = draft
+        self._draft: ReferenceDraft | None = None
+        self._draft_lock = threading.Lock()
+        self.vocab_size, self.k_max, self.slots = vocab_size, k_max, slots
+
+    @property
+    def draft_loaded(self) -> bool:
+        return self._draft is not None
+
+    def target(self) -> ReferenceTarget:
+        return self._target
+
+    def draft(self) -> ReferenceDraft:
+        if self._draft is None:
+            with self._draft_lock:  # requests on different slots may ask at once
+                if self._draft is None:
+                    self._draft = ReferenceDraft(self._draft_loader(), self.slots, self.k_max, self.vocab_size)
+        return self._draft
+
+    def close(self) -> None:
+        pass
+
+
+def load(path: Path, manifest: Manifest, options: BackendOptions) -> ReferenceBackend:
+    """The reference backend over a pack: its graphs' logits, recomputed over the whole prefix every call."""
+    m = manifest
+    return ReferenceBackend(pack_logits(path, m.target, m.vocab_size, options.threads),
+                            lambda: pack_logits(path, m.draft, m.vocab_size, options.threads), m.vocab_size,
+                            m.k_max, options.slots)
+
+
+def pack_logits(path: Path, entry: ModelEntry, vocab_size: int, threads: int | None) -> LogitsFn:
+    """A LogitsFn over one pack graph: no past (L = 0), every position fed; the head's inputs get zeros."""
+    import onnxruntime as ort
+
+    from specpack.graphs.logits_output import with_logits_output
+    from specpack.limits import numpy_dtype
+    from specpack.runtime.ort_session import session_options
+
+    session = ort.InferenceSession(with_logits_output(path / entry.graph.path, entry.dtype),
+                                   sess_options=session_options(threads), providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in session.get_inputs()}
+    empty = np.zeros((1, entry.kv_heads, 0, entry.head_dim), numpy_dtype(entry.dtype))  # [1, H, 0, D]
+    constant = {**{name: empty for name in names.kv_names(entry.num_layers, "past")}, **SamplingParams().graph_inputs(),
+                names.UNIFORM: np.zeros(1, np.float32)}
+
+    def logits(ids: np.ndarray, rows: int) -> np.ndarray:
+        n = len(ids)
+        feed = {**constant, names.INPUT_IDS: np.asarray(ids, np.int64)[None], names.POSITION_IDS: np.arange(n)[None],
+                names.ATTENTION_MASK: np.ones((1, n), np.int64),
+                names.DRAFT_PROBS: np.zeros((1, rows - 1, vocab_size), np.float32),  # rows = k + 1 in the verify
+                names.UNIFORMS: np.zeros((1, rows), np.float32)}
+        (out,) = session.run([names.LOGITS], {name: value for name, value in feed.items() if name in wanted})
+        return np.asarray(out[0, -rows:, :vocab_size], np.float32)  # [rows, V]
+
+    return logits

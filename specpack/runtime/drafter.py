@@ -1,0 +1,64 @@
+"""Drafters: who proposes the k tokens a verify checks (docs/architecture.md, "Drafters").
+
+A drafter writes its draft tokens into state.ids right after the committed ones and returns a Proposal:
+those tokens, and q, the distributions they were drawn from (a handle the backend's verify reads), or
+None for a deterministic proposal (q one-hot on each token: an n-gram or lookup drafter). Any drafter
+goes through the same verify, so the output keeps the target's distribution whatever it proposes.
+
+    ModelDrafter   the pack's draft model (draft_step.onnx), on the backend's draft model
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from specpack.runtime.backend import DraftModel
+from specpack.runtime.state import DecodeState, Proposal
+
+
+class Drafter(Protocol):
+    def begin(self, state: DecodeState) -> None:
+        """A new request: state.ids[:state.length] are committed (the prompt and the first token).
+        Called once, after the target's prefill, and only when the k policy may ask for drafts."""
+        ...
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        """Up to k >= 1 draft tokens after the committed ones, written into state.ids[length : length + n]
+        (n <= k: fewer when the drafter has no more, or stops at a drafted eos)."""
+        ...
+
+    def commit(self, state: DecodeState) -> None:
+        """The verify committed state.ids[:state.length]: forget anything drafted past the accepted prefix."""
+        ...
+
+
+class ModelDrafter:
+    """The draft model: k draft steps per proposal, each drawing with state.uniforms.draft[i].
+
+    The draft's cache trails the committed tokens: after a step it holds the committed tokens and all but
+    the last draft; at the next step it catches up by feeding S >= 1 tokens (S = 2 after all k drafts
+    were accepted: the last draft and the bonus token).
+    """
+
+    def __init__(self, model: Callable[[], DraftModel]) -> None:
+        """model: the backend's `draft` (it opens the draft model on first use: a k = 0 request never calls it)."""
+        self.model = model
+
+    def begin(self, state: DecodeState) -> None:
+        model = self.model()
+        model.reset(state)
+        model.step(state, end=state.length - 1, row=0)  # the prompt's prefill, part of the first token's time
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        model, ids, start = self.model(), state.ids, state.length
+        n = 0
+        while n < k:
+            ids[start + n] = token = model.step(state, end=start + n, row=n)
+            n += 1
+            if token in state.eos_ids:  # nothing after an eos is ever emitted: stop drafting there
+                break
+        return Proposal(tokens=ids[start : start + n], q=model.q(state, n))
+
+    def commit(self, state: DecodeState) -> None:
+        self.model().rollback(state, state.length - 1)  # the next token is not in the draft's cache

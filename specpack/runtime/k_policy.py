@@ -1,0 +1,44 @@
+"""k policies: how many drafts each step asks for (docs/architecture.md, "k policy").
+
+The loop asks `next_k(state)` before every step, caps the answer at the tokens still allowed, and reports
+what happened with `observe(k, n_accepted, elapsed_s)`. k = 0 is a plain autoregressive step through the
+verify graph. A policy lives for one request.
+
+    FixedK   the same k every step (`generate(k=...)`)
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from specpack.runtime.state import DecodeState
+
+
+class KPolicy(Protocol):
+    @property
+    def k_max(self) -> int:
+        """The most drafts it will ever ask for (0: never draft, so the draft model is never opened)."""
+        ...
+
+    def next_k(self, state: DecodeState) -> int:
+        """Drafts for the next step, in 0..k_max."""
+        ...
+
+    def observe(self, k: int, n_accepted: int, elapsed_s: float) -> None:
+        """The step verified k drafts (after the loop's cap), n_accepted passed, and it took elapsed_s."""
+        ...
+
+
+class FixedK:
+    def __init__(self, k: int) -> None:
+        self.k = k
+
+    @property
+    def k_max(self) -> int:
+        return self.k
+
+    def next_k(self, state: DecodeState) -> int:
+        return self.k
+
+    def observe(self, k: int, n_accepted: int, elapsed_s: float) -> None:
+        pass

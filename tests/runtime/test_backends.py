@@ -1,0 +1,102 @@
+"""The backends through the runtime's interfaces, on tiny packs: the CPU backend gives the reference backend's
+tokens (greedy and sampled, same seed, every family of the golden test), for model and deterministic drafts,
+on one cache slot or two; the registry refuses what it cannot run, saying what is missing."""
+
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+from harness import LookupDrafter, run
+
+import specpack
+from specpack.deploy.manifest import Manifest
+from specpack.errors import SpecpackError
+from specpack.runtime.backend import BACKENDS, BackendOptions, open_backend
+from specpack.runtime.state import DecodeState
+from specpack.sampling import SamplingParams
+from tests.e2e.test_greedy_golden import CASES
+
+SAMPLED = SamplingParams(1.0, top_k=40, top_p=0.95)
+
+
+def _open(pack_dir: Path, device: str, slots: int = 1):  # -> the backend
+    return open_backend(device, pack_dir, Manifest.read(pack_dir), BackendOptions(threads=1, slots=slots))
+
+
+def _tokens(backend, pack_dir: Path, prompt: list[int], k: int, params: SamplingParams, **kwargs) -> list[int]:
+    m = Manifest.read(pack_dir)
+    state, _ = run(backend, prompt, 24, k, params=params, seed=7, eos=frozenset(m.eos_token_ids), max_len=m.max_len,
+                   k_max=m.k_max, **kwargs)
+    return state.out
+
+
+@pytest.mark.parametrize(("family", "draft", "pair"), CASES, ids=[f"{f}-{d}-{p}" for f, d, p in CASES])
+def test_cpu_equals_reference(tiny_pack, family: str, draft: str, pair: dict[str, int]) -> None:
+    pack_dir = tiny_pack(family, draft, **pair)[0]
+    cpu, ref = _open(pack_dir, "cpu"), _open(pack_dir, "reference")
+    vocab = Manifest.read(pack_dir).vocab_size
+    for prompt in ([3], np.random.default_rng(1).integers(0, vocab - 8, 30).tolist()):
+        for k, params in ((0, SamplingParams()), (3, SamplingParams()), (8, SamplingParams()), (0, SAMPLED),
+                          (3, SAMPLED), (8, SAMPLED)):
+            assert _tokens(cpu, pack_dir, prompt, k, params) == _tokens(ref, pack_dir, prompt, k, params), (prompt, k)
+    cpu.close()
+
+
+def test_deterministic_proposals_on_cpu_equal_reference(tiny_pack) -> None:
+    """q None on the CPU backend: one-hot rows in a buffer of its own (cleared after each verify)."""
+    pack_dir = tiny_pack("qwen2", "noisy")[0]
+    cpu, ref = _open(pack_dir, "cpu"), _open(pack_dir, "reference")
+    greedy_ids = _tokens(cpu, pack_dir, [5, 6], 0, SamplingParams())  # the target alone
+
+    def continuation(state: DecodeState) -> list[int]:  # the greedy output as a lookup: often right, then not
+        done = state.length - 2
+        return [*greedy_ids[done : done + 2], 7, 7]
+
+    for params in (SamplingParams(), SAMPLED):
+        outs = [_tokens(b, pack_dir, [5, 6], 4, params, drafter=LookupDrafter(continuation)) for b in (cpu, ref)]
+        assert outs[0] == outs[1]
+    assert not cpu.draft_loaded  # no model drafter: the draft session never opened
+    assert not cpu.target()._one_hot[0].any()  # back to all zeros
+
+
+def test_two_slots_interleaved_on_cpu(tiny_pack) -> None:
+    """Two requests on two slots of one CPU backend, run from two threads at once: each as if alone."""
+    pack_dir = tiny_pack("qwen2", "noisy")[0]
+    alone = _open(pack_dir, "cpu")
+    prompts = ([1, 2, 3], [9])
+    expected = [_tokens(alone, pack_dir, p, 3, SAMPLED) for p in prompts]
+    shared = _open(pack_dir, "cpu", slots=2)
+    results: dict[int, list[int]] = {}
+
+    def request(slot: int) -> None:
+        for _ in range(3):
+            results[slot] = _tokens(shared, pack_dir, prompts[slot], 3, SAMPLED, slot=slot)
+            assert results[slot] == expected[slot]
+
+    threads = [threading.Thread(target=request, args=(slot,)) for slot in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert [results[0], results[1]] == expected
+
+
+def test_unknown_device_lists_the_registered_ones(tiny_pack) -> None:
+    with pytest.raises(SpecpackError, match=re.escape("expected: cpu | cuda | reference")) as err:
+        specpack.load(tiny_pack("qwen2", "noisy")[0], device="gpu")
+    assert "'gpu'" in str(err.value) and set(BACKENDS) == {"cpu", "cuda", "reference"}
+
+
+def test_cuda_says_what_is_missing(tiny_pack) -> None:
+    import onnxruntime as ort
+
+    with pytest.raises(SpecpackError) as err:
+        specpack.load(tiny_pack("qwen2", "noisy")[0], device="cuda")
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        assert "not implemented" in str(err.value)
+    else:
+        assert "CUDAExecutionProvider" in str(err.value) and "onnxruntime-gpu" in str(err.value)
