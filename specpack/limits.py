@@ -1,7 +1,8 @@
 """Limits shared by export, the runtime, the CLI and bench: each is defined here once (docs/contracts.md).
 
     k at export     a pack's k_max, the most drafts one verify takes:  K_MIN..K_MAX (1..16)
-    k at run time   drafts per step for one request:                   0..the pack's k_max (0: the target alone)
+    k at run time   drafts per step for one request:                   0..the pack's k_max (0: the target alone),
+                    or "auto" (K_AUTO; None in the Python API): adaptive, the default
     dtypes          the graph dtypes spec-export writes                DTYPES (host arrays: NUMPY_DTYPES)
 """
 
@@ -13,8 +14,10 @@ from specpack.errors import SpecpackError
 
 K_MIN, K_MAX = 1, 16       # a pack's k_max (spec-export --k)
 DEFAULT_K = 4              # spec-export's default k_max
+K_AUTO = "auto"            # run-time k chosen per step (runtime/adaptive_k.py)
+DRAFTERS = ("model", "ngram")  # who drafts: the pack's draft model, or prompt lookup (runtime/ngram_drafter.py)
 DEFAULT_MAX_LEN = 2048     # spec-export's default max length (capped by the models' position limits)
-DTYPES = ("fp32", "fp16")  # graph dtypes spec-export writes
+DTYPES = ("fp32", "fp16", "bf16")  # graph dtypes spec-export writes (fp16 / bf16 for GPUs; heads compute in fp32)
 NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # a graph dtype -> its KV cache's host dtype
 
 
@@ -34,6 +37,16 @@ def check_k(k: object, k_max: int = K_MAX, *, minimum: int = 0, what: str = "k")
         raise SpecpackError(f"invalid {what}", expected=f"an integer in {minimum}..{k_max} ({whose}{alone})",
                             found=repr(k), hint="re-export with a larger --k for more drafts per step")
     return int(k)
+
+
+def parse_k(text: str, what: str = "--k") -> int | None:
+    """A command line's k: "auto" -> None (adaptive), else an integer (its range is checked by check_k)."""
+    if text.strip().lower() == K_AUTO:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise SpecpackError(f"invalid {what}", expected=f"an integer, or {K_AUTO!r}", found=repr(text)) from None
 
 
 def numpy_dtype(dtype: str) -> np.dtype:

@@ -23,6 +23,13 @@ Verify graph (graphs/verify.onnx): the plain inputs, where input_ids ends with t
     -> next_token                  int64 [1]       correction at the first rejection, or the bonus token
     -> present.*                   (the caller keeps the first L + S - k + n_accepted positions)
 
+Static KV cache form (kv_cache "static" in the manifest; export/graph_form.py), the same names, batch 1:
+    attention_mask                 int64 [1, M]    ones at [0, L + S), zeros after: the valid length as data
+    past_key_values.{i}.key|value  dtype [1, kv_heads, M, head_dim]   M = max_len, allocated once
+    -> present.{i}.key|value       dtype [1, kv_heads, M, head_dim]   bound onto the past buffer: the graph
+                                   writes rows [L, L + S) in place; rollback is a length update (L changes)
+    so every run over S new tokens has the same shapes and buffer addresses (runtime/static_kv_cache.py).
+
 Sampling inputs (both graphs); temperature 0 is greedy:
     temperature                    fp32  [1]
     top_k                          int64 [1]       0 disables

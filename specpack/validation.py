@@ -2,6 +2,7 @@
 
     check_generate_args(prompt, max_new_tokens, k=..., temperature=..., ..., limits=None | PackLimits)
         -> GenerateArgs (plain Python values) or a SpecpackError saying what was expected and found
+    check_context(n_prompt, max_new_tokens, max_len)    the prompt's ids and the new tokens fit the pack
 
 The CLI calls it before loading the pack (limits=None: what can be checked without one), `Pack.generate`
 calls it again with the pack's limits. A prompt is a `str` or a 1-D sequence of Python or numpy integers
@@ -112,6 +113,15 @@ def check_prompt(prompt: object, *, chat: bool = False, vocab_size: int | None =
         raise SpecpackError("prompt token id out of range", expected=f"ids in [0, {top})",
                             found=f"{out_of_range[:SHOWN]}")
     return ids
+
+
+def check_context(n_prompt: int, max_new_tokens: int, max_len: int) -> None:
+    """The prompt and the tokens to generate fit in the pack's max length (its KV cache)."""
+    if n_prompt + max_new_tokens > max_len:
+        raise SpecpackError("prompt plus max_new_tokens is longer than the pack's max length",
+                            expected=f"prompt + max_new_tokens <= {max_len}",
+                            found=f"{n_prompt} + {max_new_tokens} = {n_prompt + max_new_tokens}",
+                            hint="shorten the prompt, lower --max-new-tokens, or re-export with a larger --max-len")
 
 
 def check_load_args(path: object, threads: object) -> str | os.PathLike[str]:

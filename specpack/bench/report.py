@@ -52,7 +52,7 @@ def build_report(run: BenchRun, machine: dict[str, Any]) -> dict[str, Any]:
     return {
         "overall": overall, "by_category": by_k[str(best)]["by_category"], "by_k": by_k, "best_k": best,
         "costs": run.costs.to_dict(), "machine": machine, "peak_memory": run.peak_memory,
-        "peers": {name: peer_summary(run, raw, by_k[str(best)]) for name, raw in run.peers.items()},
+        "peers": {name: PEER_SUMMARIES[name](run, raw, by_k[str(best)]) for name, raw in run.peers.items()},
         "config": {"ks": list(run.ks), "max_new_tokens": run.config.max_new_tokens,
                    "temperature": run.config.temperature, "seed": run.config.seed, "threads": run.config.threads,
                    "timing_reps": run.config.timing_reps, "n_prompts": len(run.runs)},
@@ -164,6 +164,15 @@ def peer_summary(run: BenchRun, raw: dict[str, Any], best: dict[str, Any]) -> di
     return summary
 
 
+def _llamacpp_summary(run: BenchRun, raw: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+    from specpack.bench.peer_llamacpp import llamacpp_summary
+
+    return llamacpp_summary(run, raw, best)
+
+
+PEER_SUMMARIES = {"hf": peer_summary, "llamacpp": _llamacpp_summary}
+
+
 def _peer_rate(records: list[dict[str, Any]], mode: str) -> float:
     tokens = sum(rec[mode]["decoded_tokens"] for rec in records)
     seconds = sum(rec[mode]["decode_s"] for rec in records)
@@ -259,18 +268,54 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                       f"{d['spec_token']}, top-2 logit gap {_f(d['gap'], '.2e')}")
     if len(o["divergences"]) > 10:
         console.print(f"  ... {len(o['divergences']) - 10} more divergences in the JSON")
+    _print_quantization(report["pack"], console)
     for name, p in report["peers"].items():
+        if name == "llamacpp":
+            _print_llamacpp(p, console)
+            continue
         console.print(f"peer {name} ({p['dtype']}, {p['threads']} threads): AR {_f(p['ar_tokens_per_s'], '.1f')} tok/s, "
                       f"assisted {_f(p['assisted_tokens_per_s'], '.1f')} tok/s ({_f(p['assisted_speedup'], '.2f', 'x')}, "
                       f"identical to its AR {_f(p['identical_fraction'], '.0%')}); ours over assisted "
                       f"{_f(p['ours_over_assisted'], '.2f', 'x')}, our AR over its AR {_f(p['ours_ar_over_hf_ar'], '.2f', 'x')}")
     m = report["peak_memory"]
     console.print("peak RSS: " + ", ".join(f"{phase} {mb / 1024:.2f} GB" for phase, mb in m["peak_rss_mb"].items())
-                  + "".join(f"; peer {n} {p['peak_rss_mb'] / 1024:.2f} GB (own process)" for n, p in report["peers"].items()))
+                  + "".join(f"; peer {n} {p['peak_rss_mb'] / 1024:.2f} GB (own process)" for n, p in report["peers"].items()
+                            if "peak_rss_mb" in p))
     for note in report["notes"]:
         console.print(f"[yellow]note:[/yellow] {note}")
     if report["skipped"]:
         console.print(f"[yellow]skipped {len(report['skipped'])} prompts too long for the pack[/yellow]")
+
+
+def _print_quantization(pack: dict[str, Any], console: Console) -> None:
+    """Each quantized model's method and fidelity, as the manifest records them."""
+    for role in ("draft", "target"):
+        q = pack.get(f"{role}_quantization")
+        if not q:
+            continue
+        fid = q.get("fidelity") or {}
+        line = f"{role} quantization: {q['method']} (" + ", ".join(f"{n} {path}" for path, n in q["summary"].items()) + ")"
+        if role == "target" and fid.get("top1_agreement") is not None:
+            line += (f"; vs the unquantized target: top-1 agreement {fid['top1_agreement']:.4f}, mean KL "
+                     f"{fid['mean_kl']:.2e} (a different model: lossless w.r.t. the quantized target)")
+        for k, row in (fid.get("by_k") or {}).items():
+            ref, quant = row["reference"]["alpha"], row["quantized"]["alpha"]
+            if ref is not None and quant is not None:
+                line += f"; k={k}: alpha {quant:.3f} vs {ref:.3f} unquantized (greedy replay)"
+        console.print(line)
+
+
+def _print_llamacpp(p: dict[str, Any], console: Console) -> None:
+    o = p["ours"]
+    console.print(f"peer llamacpp ({p['threads']} threads, draft up to {p['k']}), decode tok/s medians: "
+                  f"autoregressive {_f(p['ar']['tokens_per_s_median'], '.1f')}, speculative-simple "
+                  f"{_f(p['speculative_simple']['tokens_per_s_median'], '.1f')}, speculative "
+                  f"{_f(p['speculative']['tokens_per_s_median'], '.1f')}; ours: speculative "
+                  f"{_f(o['spec_tokens_per_s_median'], '.1f')}, autoregressive {_f(o['ar_tokens_per_s_median'], '.1f')}")
+    console.print(f"  ours speculative over llama.cpp: {_f(p['ar']['ours_spec_over_this'], '.2f', 'x')} its autoregressive, "
+                  f"{_f(p['speculative_simple']['ours_spec_over_this'], '.2f', 'x')} speculative-simple, "
+                  f"{_f(p['speculative']['ours_spec_over_this'], '.2f', 'x')} speculative; its peak RSS "
+                  + ", ".join(f"{m} {p[m]['peak_rss_mb'] / 1024:.2f} GB" for m in ("ar", "speculative_simple", "speculative")))
 
 
 def _f(value: float | None, fmt: str, suffix: str = "") -> str:

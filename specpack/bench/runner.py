@@ -27,6 +27,7 @@ from specpack.limits import check_k
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
+    from specpack.deploy.manifest import Quantization
     from specpack.runtime.pack import Pack
 
 WARMUP_TOKENS = 8
@@ -42,6 +43,7 @@ class BenchConfig:
     device: str = "cpu"                 # the backend (runtime/backend.py): cpu, cuda, reference
     timing_reps: int = 15               # repetitions of each timed call for c and v(k)
     peer: str | None = None             # "hf": transformers' generate and assisted generation
+    drafter: str | None = None          # "model" | "ngram" (runtime/ngram_drafter.py); None: the pack's own
 
     @property
     def greedy(self) -> bool:
@@ -97,7 +99,8 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
         with memory.phase("timing"):
             _warm_up(pack, encoded[0][1], ks, config)
             costs = measure_step_costs(pack, ks, _timing_context(encoded, config, pack, ks), encoded[0][1],
-                                       reps=config.timing_reps)
+                                       reps=config.timing_reps,
+                                       with_draft=pack.drafter_named(config.drafter)[0] == "model")
         _show(progress, task, total=len(encoded) * (1 + len(ks)))
         runs = _decode_all(pack, encoded, ks, config, memory, progress, task)
         info = _pack_info(pack, pack_path, config)
@@ -144,7 +147,8 @@ def _encode_all(pack: Pack, prompts: Sequence[BenchPrompt],
 def _warm_up(pack: Pack, ids: list[int], ks: tuple[int, ...], config: BenchConfig) -> None:
     """First runs allocate ONNX Runtime's arenas: keep them out of the measured numbers."""
     for k in (0, *ks):
-        pack.generate(ids, WARMUP_TOKENS, k=k, temperature=config.temperature, seed=config.seed)
+        pack.generate(ids, WARMUP_TOKENS, k=k, drafter=config.drafter, temperature=config.temperature,
+                      seed=config.seed)
 
 
 def _timing_context(encoded: list[tuple[BenchPrompt, list[int]]], config: BenchConfig, pack: Pack,
@@ -161,7 +165,8 @@ def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tu
         for k in (0, *ks):
             _show(progress, task, description=f"{prompt.id} k={k}")
             with memory.phase("autoregressive" if k == 0 else "speculative"):
-                out = pack.generate(ids, config.max_new_tokens, k=k, temperature=config.temperature, seed=config.seed)
+                out = pack.generate(ids, config.max_new_tokens, k=k, drafter=config.drafter,
+                                    temperature=config.temperature, seed=config.seed)
             decode = Decode(out.tokens, out.stats)
             if k == 0:
                 runs.append(PromptRun(prompt, ids, decode))
@@ -177,11 +182,21 @@ def _show(progress: Progress | None, task: TaskID | None, **fields: Any) -> None
 
 
 def _pack_info(pack: Pack, path: Path, config: BenchConfig) -> dict[str, Any]:
-    m = pack.manifest
+    m, draft = pack.manifest, pack.manifest.draft_model  # draft None: a pack without a draft model (n-gram)
     return {"path": str(path), "device": config.device, "k_max": m.k_max, "max_len": m.max_len, "dtype": m.target.dtype,
-            "draft_dtype": m.draft.dtype, "quantization": m.quantization, "eos_token_ids": list(m.eos_token_ids),
-            "draft_source": dict(m.draft.source), "target_source": dict(m.target.source),
-            "threads": config.threads}
+            "draft_dtype": draft and draft.dtype, "quantization": m.quantization,
+            "eos_token_ids": list(m.eos_token_ids),
+            "draft_quantization": quantization_brief(draft.quantization) if draft else None,
+            "target_quantization": quantization_brief(m.target.quantization),
+            "draft_source": dict(draft.source) if draft else {}, "target_source": dict(m.target.source),
+            "threads": config.threads, "drafter": pack.drafter_named(config.drafter)[0]}
+
+
+def quantization_brief(record: Quantization | None) -> dict[str, Any] | None:
+    """A model's quantization record without the per-tensor list: method, settings, paths taken, fidelity."""
+    if record is None:
+        return None
+    return record.model_dump(mode="json", exclude={"tensors"})
 
 
 def add_hf_extras(run: BenchRun) -> None:
@@ -199,6 +214,19 @@ def add_hf_extras(run: BenchRun) -> None:
         peer, note = peer_hf.run_hf_peer(draft_dir, target_dir, run, threads=threads)
         run.peers = {"hf": peer} if peer is not None else {}
         run.notes += [note] if note else []
+
+
+def add_llamacpp_peer(run: BenchRun, tools_dir: Path | None) -> None:
+    """llama.cpp on the pack's GGUF sources, same prompts, tokens and threads, drafting up to the largest k."""
+    from specpack.bench.peer_llamacpp import run_llamacpp_peer
+
+    try:
+        peer, note = run_llamacpp_peer(run, tools_dir, max(run.ks))
+    except SpecpackError as err:  # a peer that fails (e.g. crashes) is reported; our own results are kept
+        peer, note = None, f"--peer llamacpp failed: {err.what} (found: {err.found})"
+    if peer is not None:
+        run.peers["llamacpp"] = peer
+    run.notes += [note] if note else []
 
 
 def _gap_requests(run: BenchRun) -> list[dict[str, Any]]:

@@ -58,8 +58,10 @@ class StepCosts:
 
 
 def measure_step_costs(pack: Pack, ks: Sequence[int], context: int, filler: Sequence[int],
-                       reps: int = 15, warmup: int = 3) -> StepCosts:
+                       reps: int = 15, warmup: int = 3, with_draft: bool = True) -> StepCosts:
     """Time one draft step, one target step and one verify per k after `context` tokens of `filler`.
+    `with_draft` False (the n-gram drafter, or a pack without a draft model): no draft step is timed (c = 0),
+    and the verifies take the filler's tokens as drafts, with no q.
 
     Runs on the pack's own backend (holding the pack's lock), greedy, through the same calls the loop makes.
     """
@@ -71,31 +73,35 @@ def measure_step_costs(pack: Pack, ks: Sequence[int], context: int, filler: Sequ
     times: dict[str, list[float]] = {"target": [], "draft": [], **{f"v{k}": [] for k in ks}}
     prefill: dict[str, list[float]] = {"target": [], "draft": []}
     with pack.exclusive() as backend:
-        target, draft = backend.target(), backend.draft()
+        target, draft = backend.target(), backend.draft() if with_draft else None
         try:
             target.reset(state)
             state.length = context
             _timed(prefill["target"], True, partial(target.verify, state, NO_DRAFTS))
-            draft.reset(state)
-            _timed(prefill["draft"], True, partial(draft.step, state, context, 0))
+            if draft is not None:
+                draft.reset(state)
+                _timed(prefill["draft"], True, partial(draft.step, state, context, 0))
             state.length = context + 1  # one committed token past the cached context
             for rep in range(warmup + reps):
                 keep = rep >= warmup
                 target.rollback(state, context)
                 _timed(times["target"], keep, partial(target.verify, state, NO_DRAFTS))
-                _timed(times["draft"], keep, partial(draft.step, state, context + 1, 0))
-                draft.rollback(state, context)
+                if draft is not None:
+                    _timed(times["draft"], keep, partial(draft.step, state, context + 1, 0))
+                    draft.rollback(state, context)
                 for k in ks:  # q: row 0 as the draft step wrote it, the other rows as they are (greedy ignores q)
-                    proposal = Proposal(tokens=state.ids[context + 1 : context + 1 + k], q=draft.q(state, k))
+                    q = draft.q(state, k) if draft is not None else None
+                    proposal = Proposal(tokens=state.ids[context + 1 : context + 1 + k], q=q)
                     target.rollback(state, context)
                     _timed(times[f"v{k}"], keep, partial(target.verify, state, proposal))
         finally:
             target.reset(state)
-            draft.reset(state)
-    med = {name: statistics.median(ts) for name, ts in times.items()}
+            if draft is not None:
+                draft.reset(state)
+    med = {name: statistics.median(ts) if ts else 0.0 for name, ts in times.items()}
     return StepCosts(context_tokens=context, reps=reps, target_step_s=med["target"], draft_step_s=med["draft"],
                      verify_s={k: med[f"v{k}"] for k in ks}, target_prefill_s=prefill["target"][0],
-                     draft_prefill_s=prefill["draft"][0])
+                     draft_prefill_s=prefill["draft"][0] if prefill["draft"] else 0.0)
 
 
 def _timed(into: list[float], keep: bool, fn: Callable[[], object]) -> None:

@@ -10,6 +10,7 @@ import click
 from specpack.bench.runner import BenchConfig
 from specpack.cli.errors import user_errors
 from specpack.errors import SpecpackError
+from specpack.limits import DRAFTERS
 
 DEFAULTS = BenchConfig()
 
@@ -39,19 +40,26 @@ def parse_ks(text: str | None) -> tuple[int, ...] | None:
               help="Repetitions of each timed step for c and v(k).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None, help="Write a PNG summary.")
-@click.option("--peer", type=click.Choice(["hf"]), default=None,
-              help="Also run transformers' generate and assisted generation (own process).")
+@click.option("--drafter", type=click.Choice(DRAFTERS), default=None,
+              help="Who drafts: the pack's draft model, or prompt lookup (n-gram). Default: the pack's own.")
+@click.option("--peer", type=click.Choice(["hf", "llamacpp"]), default=None,
+              help="Also run transformers' generate and assisted generation (hf), or llama.cpp's autoregressive and "
+                   "speculative tools on the pack's GGUF sources (llamacpp); each in its own processes.")
+@click.option("--llamacpp-dir", type=click.Path(path_type=Path), default=None,
+              help="Directory of llama.cpp's tools (llama-completion, llama-speculative-simple, llama-speculative); "
+                   "default: $SPECPACK_LLAMACPP.")
 @user_errors
 def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, max_new_tokens: int, limit: int | None,
                   temperature: float, seed: int, threads: int | None, device: str, timing_reps: int,
-                  json_out: Path | None, plot_out: Path | None, peer: str | None) -> None:
+                  json_out: Path | None, plot_out: Path | None, drafter: str | None, peer: str | None,
+                  llamacpp_dir: Path | None) -> None:
     """Benchmark speculative decoding against the target alone, on the same pack, prompts and run."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from specpack.bench.prompts import read_prompts
     from specpack.bench.report import build_report, machine_info, print_report
-    from specpack.bench.runner import add_hf_extras, run_bench
+    from specpack.bench.runner import add_hf_extras, add_llamacpp_peer, run_bench
 
     if max_new_tokens < 2:
         raise SpecpackError("invalid --max-new-tokens", expected="an integer >= 2 (decoding starts after the first)",
@@ -59,13 +67,20 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     if timing_reps < 1:
         raise SpecpackError("invalid --timing-reps", expected="an integer >= 1", found=str(timing_reps))
     config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
-                         threads=threads, device=device, timing_reps=timing_reps, peer=peer)
+                         threads=threads, device=device, timing_reps=timing_reps, peer=peer,
+                         drafter=drafter)
     prompts = read_prompts(prompt_files, limit)
+    if peer == "llamacpp":  # refuse before the run, not after it
+        from specpack.bench.peer_llamacpp import find_tools
+
+        find_tools(llamacpp_dir)
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TimeRemainingColumn())
     with Progress(*columns, console=Console(stderr=True)) as progress:
         run = run_bench(pack, prompts, config, progress)
     add_hf_extras(run)  # child processes, after the progress bar
+    if peer == "llamacpp":
+        add_llamacpp_peer(run, llamacpp_dir)
     report = build_report(run, machine_info(threads))
     report["config"]["prompt_files"] = [str(p) for p in prompt_files]
     report["config"]["limit"] = limit

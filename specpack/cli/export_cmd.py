@@ -7,23 +7,80 @@ from pathlib import Path
 import click
 
 from specpack.cli.errors import user_errors
-from specpack.export.config import DEFAULT_K, DTYPES, K_MAX, K_MIN, ExportConfig
+from specpack.export.config import (
+    DEFAULT_K,
+    DEFAULT_KV_CACHE,
+    DRAFTERS,
+    DTYPES,
+    K_MAX,
+    K_MIN,
+    QUANTIZE_CHOICES,
+    ExportConfig,
+)
+from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES
+
+DEFAULTS = ExportConfig()
+QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runtime MatMulNBits, lm_head and embedding "
+                 "included), none, gguf (a .gguf source's own blocks), or calibrated Q/DQ of weights and activations "
+                 "int8-sq (SmoothQuant) / fp8 (need --calib-prompts). Default: gguf for a .gguf source, else none.")
 
 
 @click.command("export")
-@click.option("--draft", "draft", required=True, help="Draft model: HF model directory, hub id or .gguf file.")
+@click.option("--draft", "draft", default=None,
+              help="Draft model: HF model directory, hub id or .gguf file (none with --drafter ngram).")
 @click.option("--target", "target", required=True, help="Target model: HF model directory, hub id or .gguf file.")
 @click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path), help="Pack directory to write.")
 @click.option("--k", "k", type=int, default=DEFAULT_K, show_default=True, help=f"k_max: drafts per step, {K_MIN}..{K_MAX}.")
 @click.option("--max-len", "max_len", type=int, default=None,
               help="Longest prompt + generation. Default: min(2048, the models' position limits).")
-@click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True)
+@click.option("--dtype", type=click.Choice(DTYPES), default="fp32", show_default=True,
+              help="Weights, KV cache and logits; fp16 / bf16 are for GPUs (the heads compute in fp32).")
+@click.option("--kv-cache", "kv_cache", type=click.Choice(KV_CACHES), default=None,
+              help=f"concat: present = past + new; static: max_len buffers written in place, the length as data. "
+                   f"Default: {DEFAULT_KV_CACHE}, static for --form tensorrt.")
+@click.option("--attention", type=click.Choice(ATTENTION_CHOICES), default="auto", show_default=True,
+              help="Static cache only: gqa (GroupQueryAttention, head_dim % 8 == 0) or standard ONNX ops; "
+                   "auto: gqa where the head size allows.")
+@click.option("--form", type=click.Choice(FORMS), default=DEFAULTS.form, show_default=True,
+              help="tensorrt: heads in TensorRT's ops (no fp64, TopK K < 3840) on the static cache with standard "
+                   "attention; exact in distribution, not bit for bit with onnxruntime's heads.")
+@click.option("--quantize-draft", type=click.Choice(QUANTIZE_CHOICES), default=None, help=QUANTIZE_HELP.format(role="draft"))
+@click.option("--quantize-target", type=click.Choice(QUANTIZE_CHOICES), default=None,
+              help=QUANTIZE_HELP.format(role="target"))
+@click.option("--dequantize", is_flag=True, help="GGUF sources: dequantize to --dtype instead of keeping their blocks.")
+@click.option("--no-fidelity", "no_fidelity", is_flag=True,
+              help="Skip measuring quantized graphs against the unquantized ones (top-1 / KL, draft alpha).")
+@click.option("--fidelity-prompts", type=click.Path(path_type=Path), default=None,
+              help="Prompt file for the fidelity measurement (bench formats); default: a few built-in prompts.")
+@click.option("--fidelity-limit", type=int, default=DEFAULTS.fidelity_limit, show_default=True,
+              help="Prompts taken from --fidelity-prompts.")
+@click.option("--fidelity-tokens", type=int, default=DEFAULTS.fidelity_tokens, show_default=True,
+              help="Greedy tokens the pack's target continues each fidelity prompt with.")
+@click.option("--calib-prompts", type=click.Path(path_type=Path), default=None,
+              help="Prompt file (bench formats) to calibrate int8-sq / fp8 on.")
+@click.option("--calib-samples", type=int, default=DEFAULTS.calib_samples, show_default=True,
+              help="Prompts drawn from --calib-prompts (seeded).")
+@click.option("--calib-seed", type=int, default=DEFAULTS.calib_seed, show_default=True,
+              help="Seed of the draw from --calib-prompts.")
+@click.option("--drafter", type=click.Choice(DRAFTERS), default="model", show_default=True,
+              help="model: a pack with the --draft model; ngram: the target alone, drafting by prompt lookup.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at the output path.")
 @user_errors
-def export_command(draft: str, target: str, output: Path, k: int, max_len: int | None, dtype: str, overwrite: bool) -> None:
-    """Export a draft/target pair to a speculative-decoding pack."""
+def export_command(draft: str | None, target: str, output: Path, k: int, max_len: int | None, dtype: str,
+                   kv_cache: str | None, attention: str, form: str, quantize_draft: str | None,
+                   quantize_target: str | None, dequantize: bool, no_fidelity: bool,
+                   fidelity_prompts: Path | None, fidelity_limit: int, fidelity_tokens: int, calib_prompts: Path | None,
+                   calib_samples: int, calib_seed: int, drafter: str, overwrite: bool) -> None:
+    """Export a draft/target pair (or a target alone, --drafter ngram) to a speculative-decoding pack."""
     from specpack.export.pipeline import export_pack
 
-    config = ExportConfig(k=k, max_len=max_len, dtype=dtype, overwrite=overwrite)
+    kv_cache = kv_cache or ("static" if form == "tensorrt" else DEFAULT_KV_CACHE)
+    config = ExportConfig(k=k, max_len=max_len, dtype=dtype, kv_cache=kv_cache, attention=attention, form=form,
+                          drafter=drafter, overwrite=overwrite, quantize_draft=quantize_draft,
+                          quantize_target=quantize_target, dequantize=dequantize, fidelity=not no_fidelity,
+                          fidelity_prompts=None if fidelity_prompts is None else str(fidelity_prompts),
+                          fidelity_limit=fidelity_limit, fidelity_tokens=fidelity_tokens,
+                          calib_prompts=None if calib_prompts is None else str(calib_prompts),
+                          calib_samples=calib_samples, calib_seed=calib_seed)
     export_pack(draft, target, output, config)
     click.echo(str(output))

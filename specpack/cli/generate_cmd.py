@@ -5,13 +5,18 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
 from specpack.cli.errors import user_errors
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
+from specpack.limits import DRAFTERS, K_AUTO, parse_k
+from specpack.runtime.ngram_drafter import NgramConfig
 from specpack.validation import check_generate_args
+
+NGRAM = NgramConfig()  # the n-gram drafter's defaults, defined there once
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -46,41 +51,54 @@ def _print_piece(text: str) -> None:
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--k", "k", type=int, default=None,
-              help="Drafts per step, 0..the pack's k_max (default: k_max; 0: the target alone).")
+@click.option("--k", "k_text", default=K_AUTO, show_default=True,
+              help="Drafts per step: auto (chosen per step from acceptance and measured step costs), or a fixed "
+                   "0..the pack's k_max (0: the target alone).")
+@click.option("--drafter", type=click.Choice(DRAFTERS), default=None,
+              help="Who drafts: the pack's draft model, or prompt lookup (n-gram, no model). Default: the pack's.")
+@click.option("--ngram-min", type=int, default=NGRAM.n_min, show_default=True,
+              help="n-gram drafter: the shortest context suffix looked up.")
+@click.option("--ngram-max", type=int, default=NGRAM.n_max, show_default=True,
+              help="n-gram drafter: the longest context suffix looked up (tried first).")
 @click.option("--chat", is_flag=True, help="Wrap the prompt as one user message in the model's chat template.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 disables.")
 @click.option("--seed", type=int, default=None, help="Seed of the uniforms (sampling only).")
-@click.option("--device", default="cpu", show_default=True, help="Backend: cpu, cuda or reference.")
+@click.option("--device", default="cpu", show_default=True, help="Backend: cpu, cuda, reference or tensorrt.")
 @click.option("--threads", type=int, default=None, help="Intra-op threads per session (default: ONNX Runtime's).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object {tokens, text, finish_reason, stats} and nothing else.")
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
-def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, max_new_tokens: int, k: int | None,
-                     chat: bool, temperature: float, top_k: int, top_p: float, seed: int | None, device: str,
-                     threads: int | None, as_json: bool, manifest_sha256: str | None) -> None:
+def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, max_new_tokens: int, k_text: str,
+                     drafter: str | None, ngram_min: int, ngram_max: int, chat: bool, temperature: float, top_k: int,
+                     top_p: float, seed: int | None, device: str, threads: int | None, as_json: bool,
+                     manifest_sha256: str | None) -> None:
     """Generate a completion with speculative decoding."""
     import specpack
 
     text = read_prompt(prompt, prompt_file)
+    k = parse_k(k_text)
     check_generate_args(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                         chat=chat)  # the checks Pack.generate repeats with the pack's limits, before loading it
-    loaded = specpack.load(pack, device=device, threads=threads, manifest_sha256=manifest_sha256)
+    ngram = NgramConfig(ngram_min, ngram_max)
+    loaded = specpack.load(pack, device=device, threads=threads, manifest_sha256=manifest_sha256, ngram=ngram)
     on_text = None if as_json else _print_piece
-    out = loaded.generate(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                          chat=chat, on_text=on_text)
+    out = loaded.generate(text, max_new_tokens, k=k, drafter=drafter, temperature=temperature, top_k=top_k,
+                          top_p=top_p, seed=seed, chat=chat, on_text=on_text)
     if as_json:
         click.echo(json.dumps({"tokens": out.tokens, "text": out.text, "finish_reason": out.finish_reason,
                                "stats": out.stats}))
         return
-    s = out.stats
+    click.echo("\n\n" + summary_line(out.stats), err=True)
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    """What was accepted, with which drafter and k, how fast: one line for stderr."""
     per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position"])
-    click.echo(
-        f"\n\n[specpack] {s['new_tokens']} tokens, k={s['k']}: alpha {s['alpha']:.3f}, tau {s['tau']:.2f} "
-        f"({s['accepted']}/{s['proposed']} drafts accepted in {s['steps']} steps; by position: {per_pos}); "
-        f"{s['tokens_per_s']:.1f} tok/s decoding, first token {s['ttft_s'] * 1000:.0f} ms",
-        err=True,
-    )
+    ks = " ".join(f"{k}:{n}" for k, n in enumerate(s["k_histogram"]) if n)
+    k = f"k=auto (up to {s['k']}; steps by k {ks})" if s["k_policy"] == "auto" else f"k={s['k']}"
+    return (f"[specpack] {s['new_tokens']} tokens, {s['drafter']} drafter, {k}: alpha {s['alpha']:.3f}, "
+            f"tau {s['tau']:.2f} ({s['accepted']}/{s['proposed']} drafts accepted in {s['steps']} steps; by position: "
+            f"{per_pos}); {s['tokens_per_s']:.1f} tok/s decoding, first token {s['ttft_s'] * 1000:.0f} ms")

@@ -6,18 +6,21 @@ import click
 
 from specpack import __version__
 from specpack.cli.bench_cmd import bench_command
+from specpack.cli.build_cmd import build_command
+from specpack.cli.deploy_cmd import deploy_command
 from specpack.cli.errors import debug_option
 from specpack.cli.export_cmd import export_command
 from specpack.cli.fetch_cmd import fetch_command
 from specpack.cli.generate_cmd import generate_command
 from specpack.cli.pack_cmds import inspect_command, verify_command
+from specpack.cli.serve_cmd import serve_command
 
 
 @click.group()
 @debug_option
 @click.version_option(__version__, prog_name="specpack")
 def cli() -> None:
-    """specpack: compiled speculative decoding (fetch, export, generate, bench, inspect, verify)."""
+    """specpack: compiled speculative decoding (fetch, export, generate, bench, inspect, verify, build, deploy)."""
 
 
 cli.add_command(export_command)
@@ -26,5 +29,8 @@ cli.add_command(inspect_command)
 cli.add_command(verify_command)
 cli.add_command(bench_command)
 cli.add_command(fetch_command)
+cli.add_command(serve_command)
+cli.add_command(build_command)
+cli.add_command(deploy_command)
 
 spec_export = export_command  # `spec-export --draft D --target T -o PACK` is `specpack export`

@@ -10,12 +10,13 @@ import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from specpack.cli.errors import user_errors
-from specpack.deploy.manifest import Manifest, ModelEntry, parse_manifest, read_manifest_bytes
+from specpack.deploy.manifest import Manifest, ModelEntry, Quantization, parse_manifest, read_manifest_bytes
+from specpack.quantize.modes import CALIBRATED
 from specpack.validation import check_sha256
 
 if TYPE_CHECKING:
@@ -65,14 +66,18 @@ def inspect_command(pack: Path, as_json: bool) -> None:
     console.print(models)
     for role, entry in m.models():
         console.print(_io_table(role, entry, t))
+    for role, entry in m.models():
+        for line in quantization_lines(role, entry.quantization):
+            console.print(t(line))
     files = Table("file", "size", "sha256")
     for f in m.files:
         files.add_row(t(f.path), t(_size(f.size)), t(f.sha256[:16] + "..."))
     console.print(files)
     if m.engines:
-        engines = Table("engine", "role", "backend", "gpu", "compute capability", "version")
+        engines = Table("engine", "role", "backend", "gpu", "compute capability", "version", "precision")
         for e in m.engines:
-            engines.add_row(*map(t, (e.path, e.role, e.backend, e.gpu, e.compute_capability, e.tensorrt_version)))
+            engines.add_row(*map(t, (e.path, e.role, e.backend, e.gpu, e.compute_capability, e.tensorrt_version,
+                                     e.precision or "?")))
         console.print(engines)
 
 
@@ -84,6 +89,49 @@ def _plain_text(encoding: str) -> ToText:
         return Text(value.encode(encoding, "backslashreplace").decode(encoding, "replace"))
 
     return text
+
+
+DIFFERENT_MODEL = ("  a quantized target is a different model: speculative output is lossless with respect to this "
+                   "quantized target, not to the original weights")
+
+
+def quantization_lines(role: str, quantization: Quantization | None) -> list[str]:
+    """What `inspect` says about one model's quantization: the method, which weights took which path, fidelity."""
+    if quantization is None or quantization.method == "none":
+        return [f"{role}: not quantized (the weights as exported)"]
+    try:
+        return _quantization_details(role, quantization.model_dump(mode="json"))
+    except (KeyError, TypeError, ValueError, AttributeError):  # free-form details of an untrusted manifest
+        return [f"{role}: {quantization.method} (its details are not in the form this version writes)",
+                *([DIFFERENT_MODEL] if role == "target" else [])]
+
+
+def _quantization_details(role: str, q: dict[str, Any]) -> list[str]:
+    if q["method"] in CALIBRATED:
+        cal = q["calibration"]
+        lines = [f"{role}: {q['method']} Q/DQ of weights and activations ({q['summary']['weight_matmuls']} MatMuls), "
+                 f"calibrated on {cal['samples']} samples ({cal['method']}; dataset sha256 {cal['dataset_sha256'][:12]}, "
+                 + ", ".join(f"{lib} {v}" for lib, v in cal["versions"].items()) + ")"]
+    else:
+        lines = [f"{role}: {q['method']} weight-only (MatMulNBits, accuracy level {q.get('accuracy_level')}), "
+                 f"{_size(q['bytes_before'])} -> {_size(q['bytes_after'])} of weights; "
+                 + ", ".join(f"{n} {path}" for path, n in q["summary"].items())]
+    kept = [t for t in q["tensors"] if "why" in t]
+    for t in kept[:8]:
+        lines.append(f"  {t.get('gguf_tensor', t['tensor'])}: {t['path']}, {t['why']}")
+    if len(kept) > 8:
+        lines.append(f"  ... {len(kept) - 8} more (inspect --json lists every tensor)")
+    fid = q.get("fidelity") or {}
+    if role == "target":
+        if fid.get("top1_agreement") is not None:
+            lines.append(f"  fidelity: top-1 agreement {fid['top1_agreement']:.4f}, mean KL {fid['mean_kl']:.2e} "
+                         f"vs the unquantized target ({fid['positions']} positions)")
+        lines.append(DIFFERENT_MODEL)
+    elif fid.get("by_k"):
+        cells = [f"k={k}: alpha {r['quantized']['alpha']:.3f} vs {r['reference']['alpha']:.3f} unquantized"
+                 for k, r in fid["by_k"].items() if r["quantized"]["alpha"] is not None and r["reference"]["alpha"] is not None]
+        lines.append("  fidelity (greedy replay): " + "; ".join(cells))
+    return lines
 
 
 def _io_table(role: str, entry: ModelEntry, t: ToText) -> Table:

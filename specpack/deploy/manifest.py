@@ -103,14 +103,16 @@ class FileEntry(_Closed):
 
 
 class GraphEntry(_Closed):
-    """A graph the runtime loads: its .onnx file, its external data files and its I/O."""
+    """A graph the runtime loads: its .onnx file, its external data files, its I/O and its form
+    (export/graph_form.py): KV cache "concat" | "static", attention "standard" | "gqa"."""
 
     path: RelPath
     data_files: list[RelPath] = Field(max_length=4096)
     inputs: list[TensorSpec] = Field(max_length=4096)
     outputs: list[TensorSpec] = Field(max_length=4096)
-    kv_cache: Literal["concat", "static"] = "concat"  # concat: present = past + new; static: buffers of max_len
-    attention: Name | None = None                     # the attention form, e.g. "gqa", "standard"
+    kv_cache: Literal["concat", "static"] = "concat"     # concat: present = past + new; static: buffers of max_len
+    attention: Literal["standard", "gqa"] = "standard"  # export/graph_form.py
+    heads: Literal["onnxruntime", "tensorrt"] = "onnxruntime"  # tensorrt: TensorRT's ops in the heads (--form)
 
 
 class Fidelity(_Open):
@@ -119,7 +121,7 @@ class Fidelity(_Open):
     alpha: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
     tau: Annotated[float, Field(ge=0, le=1 << 10, allow_inf_nan=False)] | None = None
     top1_agreement: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
-    kl: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    mean_kl: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None  # KL(unquantized || quantized)
 
 
 class Calibration(_Open):
@@ -131,13 +133,23 @@ class Calibration(_Open):
     versions: dict[Name, Name] = Field(default_factory=dict, max_length=64)  # library -> version
 
 
+class QuantizedTensor(_Open):
+    """What one weight became (quantize/stage.py): its tensor, the path it took (e.g. "int4", "kept",
+    "gguf-exact Q4_K"), and free-form details (shape, block size, why it was kept)."""
+
+    tensor: Name
+    path: Name
+
+
 class Quantization(_Open):
-    """How a model's weights are stored; `details` of later methods go in as extra JSON fields."""
+    """How a model's weights are stored (quantize/stage.py writes it); later methods add extra JSON fields."""
 
     method: Literal["none", "int8", "int4", "gguf", "int8-sq", "fp8"]
+    bits: Annotated[int, Field(ge=1, le=32)] | None = None
     block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
     accuracy_level: Annotated[int, Field(ge=0, le=16)] | None = None
-    tensors: dict[Name, Name] = Field(default_factory=dict, max_length=1 << 16)  # tensor name or pattern -> form
+    tensors: list[QuantizedTensor] = Field(default_factory=list, max_length=1 << 16)
+    summary: dict[Name, Annotated[int, Field(ge=0)]] = Field(default_factory=dict, max_length=256)  # path -> weights
     fidelity: Fidelity | None = None
     calibration: Calibration | None = None
 
@@ -162,7 +174,7 @@ class ModelEntry(_Closed):
     vocab_rows: Annotated[int, Field(ge=1, le=VOCAB_LIMIT)]
     max_positions: Annotated[int, Field(ge=2, le=1 << 31)] | None
     dtype: Literal["fp32", "fp16", "bf16"]
-    quantization: Quantization | None = None
+    quantization: Quantization | None = None  # None: the graph as exported (quantize/stage.py, fidelity.py)
     graph: GraphEntry
 
     @model_validator(mode="after")
@@ -204,6 +216,7 @@ class EngineEntry(_Closed):
     gpu: Text                                                       # e.g. "NVIDIA H200"
     compute_capability: Annotated[str, Field(pattern=r"^[0-9]{1,2}\.[0-9]{1,2}$")]
     tensorrt_version: Annotated[str, Field(pattern=r"^[0-9]+(\.[0-9]+){0,3}$")]
+    precision: Literal["fp32", "fp16", "bf16", "int8", "fp8"] | None = None  # `specpack build --precision`
 
 
 class Manifest(_Closed):

@@ -5,9 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpack.errors import SpecpackError
-from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DTYPES, K_MAX, K_MIN, check_export_k
+from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES, GraphForm, resolve_form
+from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, DTYPES, K_MAX, K_MIN, check_export_k
+from specpack.quantize import modes
+from specpack.quantize.calibration import DEFAULT_SAMPLES as DEFAULT_CALIB_SAMPLES
+from specpack.quantize.calibration import DEFAULT_SEED as DEFAULT_CALIB_SEED
 
-__all__ = ["DEFAULT_K", "DEFAULT_MAX_LEN", "DTYPES", "K_MAX", "K_MIN", "ExportConfig"]  # the CLI reads them here
+# the CLI reads them here
+__all__ = ["DEFAULT_K", "DEFAULT_KV_CACHE", "DEFAULT_MAX_LEN", "DRAFTERS", "DTYPES", "K_MAX", "K_MIN",
+           "QUANTIZE_CHOICES", "ExportConfig"]
+DEFAULT_KV_CACHE = "concat"  # bench/README.md, "Static KV cache on the CPU": why
+QUANTIZE_CHOICES = modes.ALL  # none, int8, int4 (weight-only), gguf (a GGUF source's own blocks), int8-sq, fp8
 
 
 @dataclass(frozen=True)
@@ -15,8 +23,22 @@ class ExportConfig:
     k: int = DEFAULT_K                # the pack's k_max: drafts per step, at most
     max_len: int | None = None        # prompt + generated tokens; None: min(2048, both position limits)
     dtype: str = "fp32"
+    kv_cache: str = DEFAULT_KV_CACHE  # "concat" or "static" (graph_form.py)
+    attention: str = "auto"           # "auto", "gqa" or "standard"; auto: gqa for a static cache if head_dim allows
+    form: str = "onnxruntime"         # "tensorrt": TensorRT's ops in the heads, static cache, standard attention
     overwrite: bool = False           # replace an existing pack at the output path
     isolate: bool = True              # export each model in its own process (peak memory of the 1.5B: ~11 GB)
+    quantize_draft: str | None = None   # modes.py; None: "gguf" for a .gguf source (unless dequantize), else "none"
+    quantize_target: str | None = None
+    dequantize: bool = False          # a .gguf source becomes an unquantized (dtype) graph, not its own blocks
+    fidelity: bool = True             # measure a quantized graph against its unquantized reference (quantize/fidelity.py)
+    fidelity_prompts: str | None = None  # a prompt file (bench/prompts.py formats); None: fidelity.py's built-in prompts
+    fidelity_limit: int = 8           # prompts taken from it
+    fidelity_tokens: int = 48         # greedy continuation of each prompt by the pack's target
+    drafter: str = "model"            # "model": a draft model's graph; "ngram": the target alone (prompt lookup drafts)
+    calib_prompts: str | None = None  # a prompt file (bench/prompts.py formats): the calibration set of int8-sq / fp8
+    calib_samples: int = DEFAULT_CALIB_SAMPLES  # prompts drawn from it (seeded)
+    calib_seed: int = DEFAULT_CALIB_SEED
 
     def __post_init__(self) -> None:
         check_export_k(self.k)
@@ -24,6 +46,57 @@ class ExportConfig:
             raise SpecpackError("invalid --max-len", expected="an integer >= 2", found=repr(self.max_len))
         if self.dtype not in DTYPES:
             raise SpecpackError("invalid --dtype", expected=" or ".join(DTYPES), found=repr(self.dtype))
+        if self.drafter not in DRAFTERS:
+            raise SpecpackError("invalid --drafter", expected=" or ".join(DRAFTERS), found=repr(self.drafter))
+        if self.kv_cache not in KV_CACHES:
+            raise SpecpackError("invalid --kv-cache", expected=" or ".join(KV_CACHES), found=repr(self.kv_cache))
+        if self.attention not in ATTENTION_CHOICES:
+            raise SpecpackError("invalid --attention", expected=" or ".join(ATTENTION_CHOICES),
+                                found=repr(self.attention))
+        if self.form not in FORMS:
+            raise SpecpackError("invalid --form", expected=" or ".join(FORMS), found=repr(self.form))
+        attention = "standard" if self.form == "tensorrt" and self.attention == "auto" else self.attention
+        if attention != "auto":  # refuses concat + gqa, and tensorrt off the static cache with standard attention
+            GraphForm(self.kv_cache, attention, self.form)
+
+        for option, number in (("--fidelity-limit", self.fidelity_limit), ("--fidelity-tokens", self.fidelity_tokens),
+                               ("--calib-samples", self.calib_samples)):
+            if isinstance(number, bool) or not isinstance(number, int) or number < 1:
+                raise SpecpackError(f"invalid {option}", expected="an integer >= 1", found=repr(number))
+        for option, value in (("--quantize-draft", self.quantize_draft), ("--quantize-target", self.quantize_target)):
+            if value is not None and value not in QUANTIZE_CHOICES:
+                raise SpecpackError(f"invalid {option}", expected=", ".join(QUANTIZE_CHOICES), found=repr(value))
+            if value in modes.CALIBRATED and self.calib_prompts is None:
+                raise SpecpackError(f"{option} {value} needs a calibration set", expected="--calib-prompts FILE",
+                                    found="no --calib-prompts", hint="a prompt file in bench/prompts.py's formats")
+            if value == modes.GGUF and self.dequantize:
+                raise SpecpackError(f"{option} gguf contradicts --dequantize", expected="one of the two",
+                                    found=f"{option} gguf --dequantize")
+
+    def graph_form(self, head_dim: int) -> GraphForm:
+        """The KV cache and attention form of one model's graph (attention "auto" depends on its head size)."""
+        return resolve_form(self.kv_cache, self.attention, head_dim, self.form)
+
+    def quantization(self, role: str, source: str) -> str:
+        """The quantization mode of the `role` ("draft" | "target") graph exported from `source`."""
+        chosen = self.quantize_draft if role == "draft" else self.quantize_target
+        is_gguf = source.lower().endswith(".gguf")
+        if chosen is None:
+            return self._check_form(role, modes.GGUF if is_gguf and not self.dequantize else modes.NONE)
+        if chosen == modes.GGUF and not is_gguf:
+            raise SpecpackError(f"--quantize-{role} gguf needs a .gguf {role}", expected="a .gguf model file",
+                                found=source, hint="use int4 or int8 for other sources")
+        return self._check_form(role, chosen)
+
+    def _check_form(self, role: str, method: str) -> str:
+        """Weight-only quantized graphs are exported in the concat form only so far (the fidelity stage replays
+        that form); calibrated Q/DQ graphs in both (the static form's fidelity is not measured)."""
+        if method not in (modes.NONE, *modes.CALIBRATED) and self.kv_cache != "concat":
+            raise SpecpackError(f"a quantized {role} ({method}) needs the concat KV cache form",
+                                expected="--kv-cache concat, or unquantized graphs",
+                                found=f"--kv-cache {self.kv_cache} with {method} weights",
+                                hint="pass --dequantize (GGUF sources) or --quantize-draft/--quantize-target none")
+        return method
 
     def resolve_max_len(self, *limits: int | None) -> int:
         """--max-len, or its default: the smaller of 2048 and the models' position limits; larger is refused."""

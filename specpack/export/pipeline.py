@@ -1,7 +1,13 @@
 """spec-export: model sources in, a pack directory out. Stages run in order, each files -> files:
 
-    resolve sources -> read model info -> vocabulary check -> plain graphs (torch, one process each)
-      -> draft_step.onnx / verify.onnx (graphs/) -> tokenizer -> manifest (deploy/)
+    resolve sources -> read model info -> vocabulary check
+      -> plain graphs (export/, torch, one process each)          work/{draft,target}.onnx
+      -> quantize (quantize/, per model's mode: weight-only,      work/{draft,target}.{int4,int8,gguf}.onnx
+         or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
+      -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
+      -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (deploy/)
+
+An n-gram pack (--drafter ngram) has no draft model: the draft's stages are skipped.
 
 Everything is written into a staging directory beside the output and renamed into place at the end,
 so a failed or interrupted export leaves no half-written pack, and --overwrite replaces only a pack
@@ -14,26 +20,39 @@ import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from specpack.deploy.writer import write_pack_manifest
+from specpack.errors import SpecpackError
 from specpack.export.config import ExportConfig
+from specpack.export.graph_form import GraphForm
 from specpack.export.model_info import ModelInfo, read_model_info, require_weights
 from specpack.export.sources import resolve_source, source_record
 from specpack.export.staging import check_destination, publish, run_isolated, staging_dir, stop_on_signals
 from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
+from specpack.quantize import modes
 
 T = TypeVar("T")
 
 
 @stop_on_signals()  # SIGTERM stops the workers and removes the staging directory, as SIGINT does
-def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig | None = None) -> Path:
-    """Export a draft/target pair to a pack at `out`; returns `out`."""
+def export_pack(draft_src: str | None, target_src: str, out: Path, config: ExportConfig | None = None) -> Path:
+    """Export a draft/target pair to a pack at `out`; returns `out`. With config.drafter "ngram", draft_src is
+    None and the pack holds the target alone (its drafts come from prompt lookup at run time)."""
     config = config or ExportConfig()
     out = Path(out)
+    _check_draft_source(draft_src, config.drafter)
     check_destination(out, config.overwrite)
+    methods = {"target": config.quantization("target", target_src)}
+    if draft_src is not None:
+        methods["draft"] = config.quantization("draft", draft_src)
+    if config.calib_prompts is not None and set(methods.values()) & set(modes.CALIBRATED):
+        from specpack.quantize.calibration import check_prompt_file
+
+        check_prompt_file(config.calib_prompts)  # a bad file fails now, not after the exports
     # a GGUF source converts to an fp32 model directory (the 1.5B peaks near 9 GB): each in its own process
-    draft_dir, target_dir = (_run_stage(resolve_source, config.isolate, src) for src in (draft_src, target_src))
+    target_dir = _run_stage(resolve_source, config.isolate, target_src)
+    draft_dir = target_dir if draft_src is None else _run_stage(resolve_source, config.isolate, draft_src)
     for model_dir in (draft_dir, target_dir):
         require_weights(model_dir)
     draft_info, target_info = read_model_info(draft_dir), read_model_info(target_dir)
@@ -41,35 +60,114 @@ def export_pack(draft_src: str, target_src: str, out: Path, config: ExportConfig
 
     vocab_size = check_same_vocabulary(draft_dir, target_dir, draft_info.vocab_rows, target_info.vocab_rows)
     max_len = config.resolve_max_len(draft_info.max_positions, target_info.max_positions)
+    forms = {"draft": config.graph_form(draft_info.head_dim), "target": config.graph_form(target_info.head_dim)}
 
     with staging_dir(out) as staging:
         work = staging / "work"
         work.mkdir()
-        for role, model_dir, graph_file in (("draft", draft_dir, DRAFT_STEP_FILE), ("target", target_dir, VERIFY_FILE)):
+        roles = {"target": (target_src, target_dir)} if draft_src is None else {
+            "draft": (draft_src, draft_dir), "target": (target_src, target_dir)}  # an n-gram pack: no draft
+        plain = {role: work / f"{role}.onnx" for role in roles}
+        for role, (_, model_dir) in roles.items():
             _log(f"exporting the {role} ({model_dir.name}) ...")
-            _run_stage(_export_one, config.isolate, model_dir, work / f"{role}.onnx", staging / graph_file,
-                       role, vocab_size, config.dtype)
-        shutil.rmtree(work)
+            _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role])
+        graphs, quantization = dict(plain), {}
+        for role, (src, model_dir) in roles.items():
+            method = methods[role]
+            if method != modes.NONE:
+                _log(f"quantizing the {role} ({method}) ...")
+                graphs[role] = work / f"{role}.{method}.onnx"
+                gguf = Path(src).expanduser() if method == modes.GGUF else None
+                if method in modes.CALIBRATED:
+                    quantization[role] = _run_stage(_calibrate, config.isolate, plain[role], graphs[role], method,
+                                                    model_dir, config)
+                else:
+                    quantization[role] = _run_stage(_quantize, config.isolate, plain[role], graphs[role], method, gguf)
         from specpack.export.tokenizer_export import write_tokenizer
 
         tokenizer = write_tokenizer(target_dir, staging)
+        if quantization and config.fidelity and any(forms[role].kv_cache != "concat" for role in forms):
+            _log("fidelity is measured on concat-form graphs only: skipped for this static-form pack")
+        elif quantization and config.fidelity and "draft" in roles:  # n-gram packs: no draft to replay with
+            _log("measuring the quantized graphs against the unquantized ones ...")
+            fidelity = _run_stage(_fidelity, config.isolate, graphs, plain, quantization, staging, tokenizer.eos_token_ids,
+                                  config)
+            for role, record in quantization.items():
+                record["fidelity"] = {**fidelity.get(role, {}),
+                                      **{key: fidelity[key] for key in ("prompts", "prompt_source", "new_tokens")}}
+        for role, graph_file in (("draft", DRAFT_STEP_FILE), ("target", VERIFY_FILE))[1 if draft_src is None else 0:]:
+            if graphs[role] != plain[role]:
+                _remove_graph(plain[role])  # the unquantized intermediate: only the pack's graphs stay
+            _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size, forms[role].heads)
+        shutil.rmtree(work)
         write_pack_manifest(
             staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
-            draft=(source_record(draft_src, draft_dir), draft_info), target=(source_record(target_src, target_dir), target_info),
+            draft=None if draft_src is None else (source_record(draft_src, draft_dir), draft_info),
+            target=(source_record(target_src, target_dir), target_info), forms=forms, quantization=quantization,
         )
         publish(staging, out, config.overwrite)
     _log(f"pack written to {out}")
     return out
 
 
-def _export_one(model_dir: Path, plain: Path, graph_out: Path, role: str, vocab_size: int, dtype: str) -> None:
-    """Plain forward graph, then the head on top of it (the plain graph's weights move to the head graph)."""
+def _check_draft_source(draft_src: str | None, drafter: str) -> None:
+    if (draft_src is None) != (drafter == "ngram"):
+        raise SpecpackError("--draft and --drafter disagree",
+                            expected="--draft D (drafter model), or no --draft with --drafter ngram",
+                            found=f"--drafter {drafter} "
+                            + ("without --draft" if draft_src is None else f"with --draft {draft_src}"))
+
+
+def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm) -> None:
+    """Stage 1: the plain forward graph (torch; the model's memory goes with the process)."""
     from specpack.export.torch_export import export_plain_graph
+
+    export_plain_graph(model_dir, plain, dtype, form)
+
+
+def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:
+    """Stage 2: weight-only quantization of any plain graph (quantize/stage.py); returns the manifest record."""
+    from specpack.quantize.stage import quantize_plain_graph
+
+    return quantize_plain_graph(plain, out, method, gguf)
+
+
+def _calibrate(plain: Path, out: Path, method: str, model_dir: Path, config: ExportConfig) -> dict[str, Any]:
+    """Stage 2 for int8-sq / fp8: a calibration set from --calib-prompts, then Q/DQ (quantize/calibrated.py)."""
+    from specpack.quantize.calibrated import quantize_calibrated
+    from specpack.quantize.calibration import calibration_set
+
+    calib = calibration_set(config.calib_prompts or "", config.calib_samples, config.calib_seed, model_dir)
+    return quantize_calibrated(plain, out, method, calib)
+
+
+def _fidelity(graphs: dict[str, Path], plain: dict[str, Path], quantization: dict[str, Any], pack_dir: Path,
+              eos_ids: list[int], config: ExportConfig) -> dict[str, Any]:
+    """Stage 3: the quantized graphs against the unquantized ones (quantize/fidelity.py)."""
+    from specpack.export.tokenizer_export import SUBDIR
+    from specpack.quantize.fidelity import FidelityInputs, measure_fidelity, prompt_texts
+
+    ks = tuple(sorted({k for k in (1, 2, 4, 8, config.k) if k <= config.k}))
+    inputs = FidelityInputs(
+        target=graphs["target"], draft=graphs["draft"],
+        target_reference=plain["target"] if "target" in quantization else None,
+        draft_reference=plain["draft"] if "draft" in quantization else None,
+        tokenizer_dir=pack_dir / SUBDIR, eos_ids=tuple(eos_ids), ks=ks, new_tokens=config.fidelity_tokens)
+    return measure_fidelity(inputs, prompt_texts(config.fidelity_prompts, config.fidelity_limit))
+
+
+def _attach(graph: Path, graph_out: Path, role: str, vocab_size: int, heads: str = "onnxruntime") -> None:
+    """Stage 4: the head (`heads`: the form's, graph_form.py) on top of the (quantized) plain graph; its weights
+    move to the head graph."""
     from specpack.graphs.attach import build_draft_step_graph, build_verify_graph
 
-    export_plain_graph(model_dir, plain, dtype)
     build = build_draft_step_graph if role == "draft" else build_verify_graph
-    build(plain, graph_out, vocab_size)
+    build(graph, graph_out, vocab_size, heads)
+
+
+def _remove_graph(graph: Path) -> None:
+    graph.with_name(f"{graph.name}.data").unlink(missing_ok=True)
+    graph.unlink(missing_ok=True)
 
 
 def _run_stage(fn: Callable[..., T], isolate: bool, *args: object) -> T:

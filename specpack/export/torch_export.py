@@ -8,6 +8,18 @@
 
 B, S and L are dynamic (dim_params batch_size, sequence_length, past_sequence_length; the mask's second dim is
 total_sequence_length); L = 0 is a prefill with an empty cache. Names come from specpack/names.py.
+
+The static form (kv_cache="static", names.py "Static KV cache form") has the same names with other shapes:
+
+    input_ids       [1, S]  ─┐
+    position_ids    [1, S]  ─┤                                       ┌─> logits           [1, S, V]
+    attention_mask  [1, M]  ─┼─> StaticForward: the model with an   ─┤
+    past_key_values.{i}.key ─┤      attention that writes rows      └─> present.{i}.key  [1, kv_heads, M, head_dim]
+    past_key_values.{i}.value┘      [L, L+S) of the past in place        present.{i}.value  (same buffers as past)
+
+M = max_len is the buffers' length (dim_param max_sequence_length), the mask holds ones at [0, L + S): the
+length is data, so every run over S tokens has the same shapes. static_attention.py has the two attention
+forms (GroupQueryAttention, or default-domain ops for any head size).
 torch and transformers are imported inside functions only.
 """
 
@@ -23,37 +35,51 @@ from typing import TYPE_CHECKING, Any
 
 from specpack import names
 from specpack.errors import SpecpackError
+from specpack.export.config import DTYPES
+from specpack.export.graph_form import CONCAT, GraphForm
 from specpack.export.model_info import SUPPORTED_FAMILIES, ModelInfo, read_model_info
 
 if TYPE_CHECKING:
     import torch
 
-DTYPES = ("fp32", "fp16")
 OPSET = 20  # pinned: torch's default opset differs between versions
-_ONNX_DTYPE = {"fp32": 1, "fp16": 10}  # onnx.TensorProto.FLOAT, FLOAT16
-# dim_params of the exported graph (optimum's names)
-BATCH, SEQ, PAST, TOTAL = "batch_size", "sequence_length", "past_sequence_length", "total_sequence_length"
+_ONNX_DTYPE = {"fp32": 1, "fp16": 10, "bf16": 16}  # onnx.TensorProto.FLOAT, FLOAT16, BFLOAT16
+_TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+# dim_params of the exported graph (optimum's names; MAX: the static buffers' length, max_len)
+BATCH, SEQ, PAST, TOTAL, MAX = ("batch_size", "sequence_length", "past_sequence_length", "total_sequence_length",
+                                "max_sequence_length")
 
 
-def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32") -> ModelInfo:
+def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", form: GraphForm = CONCAT) -> ModelInfo:
     """Export `model_dir` to `out_onnx` plus one external data file `{out_onnx.name}.data` next to it."""
     if dtype not in DTYPES:
         raise SpecpackError(f"unsupported export dtype {dtype!r}", expected=f"one of {', '.join(DTYPES)}",
-                            found=repr(dtype), hint="fp32 for CPU; fp16 for GPUs")
+                            found=repr(dtype), hint="fp32 for CPU; fp16 or bf16 for GPUs")
     model_dir, out_onnx = Path(model_dir), Path(out_onnx)
     info = read_model_info(model_dir)
+    form.check(info.head_dim)
     out_onnx.parent.mkdir(parents=True, exist_ok=True)
-    _log(f"exporting {out_onnx.stem} ({info.model_type}, {info.num_layers} layers, {dtype}) from {model_dir} ...")
+    _log(f"exporting {out_onnx.stem} ({info.model_type}, {info.num_layers} layers, {dtype}, {form}) from "
+         f"{model_dir} ...")
     start = time.perf_counter()
 
-    model = _load_model(model_dir, dtype)
-    program = _export(model, info, dtype)
+    if form.kv_cache == "static":
+        from specpack.export import static_attention
+
+        state = static_attention.StaticCacheState(form.attention)
+        _register_static_attention(static_attention.make_attention(state))
+        model = _load_model(model_dir, dtype, static_attention.ATTN_IMPLEMENTATION)
+        program = _export(_static_forward(model, state), _static_example_inputs(info, dtype),
+                          _static_dynamic_shapes(info), info, static_attention.TRANSLATIONS)
+    else:
+        model = _load_model(model_dir, dtype, "eager")
+        program = _export(_plain_forward(model), _example_inputs(info, dtype), _dynamic_shapes(info), info, None)
     del model
     _save(program, out_onnx)
     del program
     gc.collect()
 
-    _check_graph(out_onnx, info, dtype)
+    _check_graph(out_onnx, info, dtype, form)
     size = (out_onnx.stat().st_size + _data_path(out_onnx).stat().st_size) / 2**20
     _log(f"exported {out_onnx.stem} in {time.perf_counter() - start:.1f} s: {out_onnx} ({size:.0f} MiB)")
     return info
@@ -67,14 +93,49 @@ def _data_path(out_onnx: Path) -> Path:
     return out_onnx.with_name(f"{out_onnx.name}.data")
 
 
-def _load_model(model_dir: Path, dtype: str) -> torch.nn.Module:
-    """The model in eval mode, `dtype` weights, eager attention (smaller graph than sdpa's, same numbers)."""
+def _load_model(model_dir: Path, dtype: str, attn_implementation: str) -> torch.nn.Module:
+    """The model in eval mode, `dtype` weights; eager attention for the concat form (smaller graph than sdpa's,
+    same numbers), the static cache's own attention for the static form."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype, attn_implementation="eager")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, _TORCH_DTYPE[dtype]),
+                                                 attn_implementation=attn_implementation)
+    _fusable_rms_norms(model)
     return model.eval()
+
+
+# RMSNorms computed as transformers' Llama does: weight * (x * rsqrt(mean(x^2) + eps)), in fp32
+_LLAMA_RMS_NORMS = frozenset({"LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm"})
+
+
+def _fusable_rms_norms(model: torch.nn.Module) -> None:
+    """Compute each Llama-style RMSNorm as x / sqrt(mean(x^2) + eps): the same function, exported as the
+    Pow-ReduceMean-Add-Sqrt-Div-Mul chain that ONNX Runtime fuses into one SimplifiedLayerNormalization node
+    at load time (rsqrt exports as Sqrt-Reciprocal-Mul, which it does not fuse). The file keeps default ops."""
+    import types
+
+    import torch
+
+    def forward(self: Any, hidden_states: torch.Tensor) -> torch.Tensor:
+        dtype = hidden_states.dtype
+        x = hidden_states.to(torch.float32)
+        x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x.to(dtype)
+
+    for module in model.modules():
+        if type(module).__name__ in _LLAMA_RMS_NORMS:
+            module.forward = types.MethodType(forward, module)
+
+
+def _register_static_attention(attention: Any) -> None:
+    """Make `attention` transformers' attention function called ATTN_IMPLEMENTATION (no mask function: the
+    static attention builds its own mask from the static attention mask)."""
+    from transformers import AttentionInterface
+
+    from specpack.export.static_attention import ATTN_IMPLEMENTATION
+
+    AttentionInterface.register(ATTN_IMPLEMENTATION, attention)
 
 
 def _plain_forward(model: torch.nn.Module) -> torch.nn.Module:
@@ -113,7 +174,7 @@ def _example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
 
     batch, seq, past = 2, 3, 5
     kv = (batch, info.kv_heads, past, info.head_dim)
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16}[dtype]
+    torch_dtype = getattr(torch, _TORCH_DTYPE[dtype])
     return (
         torch.zeros(batch, seq, dtype=torch.int64),  # input_ids       [B, S]
         torch.arange(past, past + seq).repeat(batch, 1),  # position_ids    [B, S]
@@ -122,14 +183,62 @@ def _example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
     )
 
 
-def _export(model: torch.nn.Module, info: ModelInfo, dtype: str) -> Any:
-    """torch.onnx.export (dynamo) of the plain forward; returns the torch.onnx.ONNXProgram."""
-    import torch
+def _dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
     from torch.export import Dim
 
     batch, seq, past, total = Dim(BATCH), Dim(SEQ), Dim(PAST), Dim(TOTAL)
-    n_kv = 2 * info.num_layers
-    dynamic_shapes = ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: total}, tuple([{0: batch, 2: past}] * n_kv))
+    return ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: total},
+            tuple([{0: batch, 2: past}] * (2 * info.num_layers)))
+
+
+def _static_forward(model: torch.nn.Module, state: Any) -> torch.nn.Module:
+    """Wrap `model` as forward(input_ids, position_ids, attention_mask [1, M], *past [1, H, M, D]) ->
+    (logits, *present): the attention registered for `state` writes each layer's new rows into its past."""
+    import torch
+
+    class StaticForward(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            state.begin(attention_mask, past)
+            # no cache object and no mask for transformers: the static attention reads both from `state`
+            out = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False)
+            return (out.logits, *state.ordered_presents())  # [1, S, V], [1, kv_heads, M, head_dim] ...
+
+    return StaticForward(model).eval()
+
+
+def _static_example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
+    """Tracing inputs for the static form: batch 1 (kept static), S = 3 new tokens after L = 2, M = 7."""
+    import torch
+
+    seq, past, max_len = 3, 2, 7
+    mask = torch.zeros(1, max_len, dtype=torch.int64)
+    mask[:, : past + seq] = 1
+    kv = (1, info.kv_heads, max_len, info.head_dim)
+    return (
+        torch.zeros(1, seq, dtype=torch.int64),  # input_ids       [1, S]
+        torch.arange(past, past + seq)[None],  # position_ids    [1, S]
+        mask,  # attention_mask  [1, M]
+        *[torch.zeros(kv, dtype=getattr(torch, _TORCH_DTYPE[dtype])) for _ in range(2 * info.num_layers)],
+    )
+
+
+def _static_dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
+    from torch.export import Dim
+
+    seq, max_len = Dim(SEQ), Dim(MAX)
+    return ({1: seq}, {1: seq}, {1: max_len}, tuple([{2: max_len}] * (2 * info.num_layers)))
+
+
+def _export(forward: torch.nn.Module, example: tuple[Any, ...], dynamic_shapes: tuple[Any, ...], info: ModelInfo,
+            translations: dict[Any, Any] | None) -> Any:
+    """torch.onnx.export (dynamo) of a plain forward wrapper; returns the torch.onnx.ONNXProgram."""
+    import torch
+
     input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *names.kv_names(info.num_layers, "past")]
     output_names = [names.LOGITS, *names.kv_names(info.num_layers, "present")]
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
@@ -140,9 +249,8 @@ def _export(model: torch.nn.Module, info: ModelInfo, dtype: str) -> Any:
             warnings.filterwarnings("ignore", message=r".*axis name.*will not be used")  # one per shared Dim
             warnings.filterwarnings("ignore", category=FutureWarning)  # torch-internal pytree deprecations
             return torch.onnx.export(
-                _plain_forward(model), _example_inputs(info, dtype), input_names=input_names,
-                output_names=output_names, dynamic_shapes=dynamic_shapes, opset_version=OPSET, dynamo=True,
-                optimize=True, verbose=False)
+                forward, example, input_names=input_names, output_names=output_names, dynamic_shapes=dynamic_shapes,
+                opset_version=OPSET, dynamo=True, optimize=True, verbose=False, custom_translation_table=translations)
     except Exception as e:  # torch.export and the ONNX translation raise many types; say which model failed
         raise SpecpackError(f"torch.onnx.export failed for this {info.model_type} model",
                             expected=f"a model torch.export can trace (tested: {', '.join(SUPPORTED_FAMILIES)})",
@@ -162,20 +270,23 @@ def _save(program: Any, out_onnx: Path) -> None:
     ir.save(program.model, out_onnx, external_data=data.name, size_threshold_bytes=1024)
 
 
-def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str) -> None:
+def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm) -> None:
     """The saved graph's I/O names, types and fixed dims are the contract's; weights live in one data file."""
     import onnx
 
     onnx.checker.check_model(str(out_onnx))  # by path: fine for graphs over 2 GB
     model = onnx.load(str(out_onnx), load_external_data=False)
-    kv_in = (_ONNX_DTYPE[dtype], (BATCH, info.kv_heads, PAST, info.head_dim))
-    kv_out = (_ONNX_DTYPE[dtype], (BATCH, info.kv_heads, None, info.head_dim))  # None: the L+S expression
+    static = form.kv_cache == "static"
+    batch: str | int = 1 if static else BATCH
+    kv_in = (_ONNX_DTYPE[dtype], (batch, info.kv_heads, MAX if static else PAST, info.head_dim))
+    kv_out = (_ONNX_DTYPE[dtype], (batch, info.kv_heads, MAX if static else None, info.head_dim))  # None: L+S
     int64 = onnx.TensorProto.INT64
     want_in: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
-        names.INPUT_IDS: (int64, (BATCH, SEQ)), names.POSITION_IDS: (int64, (BATCH, SEQ)),
-        names.ATTENTION_MASK: (int64, (BATCH, TOTAL)), **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
+        names.INPUT_IDS: (int64, (batch, SEQ)), names.POSITION_IDS: (int64, (batch, SEQ)),
+        names.ATTENTION_MASK: (int64, (batch, MAX if static else TOTAL)),
+        **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
     want_out: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
-        names.LOGITS: (_ONNX_DTYPE[dtype], (BATCH, SEQ, info.vocab_rows)),
+        names.LOGITS: (_ONNX_DTYPE[dtype], (batch, SEQ, info.vocab_rows)),
         **dict.fromkeys(names.kv_names(info.num_layers, "present"), kv_out)}
     for kind, values, want in (("input", model.graph.input, want_in), ("output", model.graph.output, want_out)):
         got = {v.name: (v.type.tensor_type.elem_type, tuple(d.dim_param or d.dim_value

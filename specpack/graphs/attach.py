@@ -16,6 +16,7 @@ import os
 import shutil
 import warnings
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import onnx
@@ -23,9 +24,11 @@ from onnx import TensorProto
 
 from specpack import names
 from specpack.errors import SpecpackError
+from specpack.graphs import sampling_graph, sampling_trt
 from specpack.graphs.heads import (
     AddHead,
     HeadIO,
+    Transform,
     add_draft_head,
     add_verify_head,
     draft_head_io,
@@ -35,6 +38,7 @@ from specpack.graphs.heads import (
 from specpack.graphs.onnx_builder import GraphBuilder, Value
 from specpack.graphs.prune_logits import LmHead, find_lm_head, slice_lm_head_input
 
+TRANSFORMS: dict[str, Transform] = {"onnxruntime": sampling_graph.transform, "tensorrt": sampling_trt.transform}
 MIN_OPSET = 18  # ReduceMax / ReduceMin take axes as an input from opset 18
 LOGITS_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 
@@ -43,14 +47,17 @@ class LogitsNotPrunedWarning(UserWarning):
     """The lm_head was not recognized: the graph computes logits at every position and slices them after."""
 
 
-def build_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
-    """verify.onnx: the target forward + sampling transform + acceptance test (names.py, "Verify graph")."""
-    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_verify_head, verify_head_io(vocab_size))
+def build_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads: str = "onnxruntime") -> None:
+    """verify.onnx: the target forward + sampling transform + acceptance test (names.py, "Verify graph").
+    heads: "onnxruntime" (oracle-exact) or "tensorrt" (TensorRT's ops, sampling_trt.py)."""
+    add_head = partial(add_verify_head, transform=TRANSFORMS[heads])
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, verify_head_io(vocab_size))
 
 
-def build_draft_step_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
+def build_draft_step_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads: str = "onnxruntime") -> None:
     """draft_step.onnx: the draft forward + sampling transform + draw (names.py, "Draft step graph")."""
-    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_draft_head, draft_head_io(vocab_size))
+    add_head = partial(add_draft_head, transform=TRANSFORMS[heads])
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, draft_head_io(vocab_size))
 
 
 def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: HeadIO) -> None:

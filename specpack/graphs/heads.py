@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import onnx
@@ -25,6 +26,8 @@ from specpack.graphs.onnx_builder import FLOAT, INT64, INT64_MAX, GraphBuilder, 
 Dim = int | str
 AddHead = Callable[[GraphBuilder, Value, int, int | None], None]  # (builder, logits [1,rows,V], dtype, V)
 Rows = Callable[[GraphBuilder], Value]  # -> int64 [1]: how many last positions of the forward pass a head reads
+# (builder, fp32 logits [N, V], temperature, top_k, top_p, V) -> probs [N, V]: sg.transform, or sampling_trt.transform
+Transform = Callable[[GraphBuilder, Value, Value, Value, Value, int | None], Value]
 
 
 @dataclass(frozen=True)
@@ -73,10 +76,12 @@ def verify_head_io(vocab: Dim) -> HeadIO:
                   rows=_verify_rows)
 
 
-def add_draft_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None) -> None:
+def add_draft_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None,
+                   transform: Transform = sg.transform) -> None:
     """Draw the draft token from `logits` [1, 1, V] (fp32, fp16 or bf16): the last position (`last_rows`).
 
-    `vocab`: V when the graph is built for one vocabulary, None for any (taken from shapes).
+    `vocab`: V when the graph is built for one vocabulary, None for any (taken from shapes). `transform`: the
+    sampling transform's form (sampling_graph.py: oracle-exact; sampling_trt.py: TensorRT's ops).
 
         x = Cast(logits[0], fp32)                                      [1,V]
         If temperature == 0:  token = ArgMax(x)                        [1]
@@ -93,16 +98,18 @@ def add_draft_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, voc
         return [token, probs]
 
     def sample(sub: GraphBuilder) -> list[Value]:
-        probs = sg.transform(sub, x, names.TEMPERATURE, names.TOP_K, names.TOP_P, vocab)  # [1, V]
+        probs = transform(sub, x, names.TEMPERATURE, names.TOP_K, names.TOP_P, vocab)  # [1, V]
         return [sg.draw(sub, probs, names.UNIFORM, vocab), probs]
 
     b.if_(_is_greedy(b), greedy, sample, [INT64, FLOAT], out_names=[names.TOKEN, names.PROBS])
 
 
-def add_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None) -> None:
+def add_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None,
+                    transform: Transform = sg.transform) -> None:
     """Accept a prefix of the k draft tokens (the last k of input_ids) and pick the next token.
 
-    `logits` [1, k+1, V]: the last k + 1 positions (`last_rows`), k = draft_probs.shape[1].
+    `logits` [1, k+1, V]: the last k + 1 positions (`last_rows`), k = draft_probs.shape[1]; `transform` as in
+    add_draft_head.
 
         x = Cast(logits[0], fp32)                                                [k+1,V]
         drafts = input_ids[0, S-k:]                                              [k]
@@ -127,14 +134,15 @@ def add_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vo
         return [n, sub.op("Gather", best, n, axis=0)]
 
     def sample(sub: GraphBuilder) -> list[Value]:
-        return list(_rejection_sample(sub, x, drafts, k, vocab))
+        return list(_rejection_sample(sub, x, drafts, k, vocab, transform))
 
     b.if_(_is_greedy(b), greedy, sample, [INT64, INT64], out_names=[names.N_ACCEPTED, names.NEXT_TOKEN])
 
 
-def _rejection_sample(b: GraphBuilder, x: Value, drafts: Value, k: Value, vocab: int | None) -> tuple[Value, Value]:
+def _rejection_sample(b: GraphBuilder, x: Value, drafts: Value, k: Value, vocab: int | None,
+                      transform: Transform) -> tuple[Value, Value]:
     """The sampling branch of the verify head (sketch in add_verify_head): -> n [1], next token [1]."""
-    p = sg.transform(b, x, names.TEMPERATURE, names.TOP_K, names.TOP_P, vocab)  # [k+1, V] target
+    p = transform(b, x, names.TEMPERATURE, names.TOP_K, names.TOP_P, vocab)  # [k+1, V] target
     q = b.op("Squeeze", names.DRAFT_PROBS, b.const([0]))  # [k, V] draft
     u = b.op("Squeeze", names.UNIFORMS, b.const([0]))  # [k+1]
     index = b.op("Unsqueeze", drafts, b.const([1]))  # [k, 1]
@@ -174,15 +182,17 @@ def _head_model(add_head: AddHead, io: HeadIO, logits_type: int, opset: int, voc
     return model
 
 
-def draft_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, vocab: int | None = None
-                     ) -> onnx.ModelProto:
+def draft_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, vocab: int | None = None,
+                     transform: Transform = sg.transform) -> onnx.ModelProto:
     """The draft head alone: logits [1, S, V] (reads the last row) + draft head inputs -> token, probs. vocab None: any V."""
-    return _head_model(add_draft_head, draft_head_io(vocab or "V"), logits_type, opset, vocab, [])
+    return _head_model(partial(add_draft_head, transform=transform), draft_head_io(vocab or "V"), logits_type, opset,
+                       vocab, [])
 
 
-def verify_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, vocab: int | None = None
-                      ) -> onnx.ModelProto:
+def verify_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, vocab: int | None = None,
+                      transform: Transform = sg.transform) -> onnx.ModelProto:
     """The verify head alone: logits [1, S, V] (reads the last k+1 rows), input_ids [1, S] + verify head inputs
     -> n_accepted, next_token."""
     input_ids = tensor_info(names.INPUT_IDS, INT64, [1, "S"])
-    return _head_model(add_verify_head, verify_head_io(vocab or "V"), logits_type, opset, vocab, [input_ids])
+    return _head_model(partial(add_verify_head, transform=transform), verify_head_io(vocab or "V"), logits_type,
+                       opset, vocab, [input_ids])

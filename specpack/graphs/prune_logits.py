@@ -11,9 +11,11 @@ head the last k + 1. The lm_head MatMul costs 2 * S * H * V flops (Qwen2.5-1.5B:
 The slice sits right before the MatMul, after the final norm (which works per position), so whatever
 shape arithmetic feeds the hidden states (GPT-2's Reshape to [B, S, H] reads S) is untouched, and so are
 the presents: only the MatMul's input changes. Recognized forms (torch.onnx dynamo exports of Llama, Qwen2,
-Mistral, GPT-2, tied or not): `logits = MatMul(hidden, W)` with W a constant 2-D weight (an initializer,
-or computed from initializers only, e.g. Transpose of a tied embedding), then any number of per-position
-ops: Cast / Identity / Tanh, or Add / Sub / Mul / Div with a constant that is the same at every position.
+Mistral, GPT-2, tied or not, and their quantized forms from specpack/quantize/): `logits = MatMul(hidden, W)`
+with W a constant 2-D weight (an initializer, or computed from initializers only, e.g. Transpose of a tied
+embedding), or ONNX Runtime's `MatMulNBits(hidden, B, scales, ...)` with constant block-quantized weights
+(K x N from its attributes), then any number of per-position ops: Cast / Identity / Tanh, or
+Add / Sub / Mul / Div with a constant that is the same at every position.
 Anything else gets a reason string instead, and attach.py slices the logits (correct, just slower).
 Nothing here reads weights: graphs are loaded with load_external_data=False.
 """
@@ -31,6 +33,7 @@ BINARY = frozenset({"Add", "Sub", "Mul", "Div"})  # element-wise with a constant
 _NOT_CONSTANT = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial",
                            "Bernoulli"})
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_MS_DOMAIN = "com.microsoft"
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,10 @@ def find_lm_head(graph: onnx.GraphProto) -> LmHead | str:
             return f"{value!r} is not made by a node of the main graph"
         node = graph.node[producers[value]]
         where = f"{node.op_type} node {node.name or '(unnamed)'!r} makes {value!r}"
+        if _is_matmul_nbits(node):
+            break
         if node.domain not in _DEFAULT_DOMAINS:
-            return f"{where}; expected an ONNX op"
+            return f"{where}; expected an ONNX op, or ONNX Runtime's MatMulNBits"
         if node.op_type == "MatMul":
             break
         if node.op_type in UNARY:
@@ -80,10 +85,13 @@ def find_lm_head(graph: onnx.GraphProto) -> LmHead | str:
         if consumers.get(value, 0) != 1 or value in outputs:
             return f"{value!r}, on the way from the lm_head to {names.LOGITS!r}, is also used elsewhere"
         path.append(value)
-    hidden, weight = node.input
-    if weight not in constants or hidden in constants:
-        return f"{where}; expected MatMul(hidden states, constant weight), found inputs {hidden!r}, {weight!r}"
+    hidden, weight, *quant = node.input
+    if weight not in constants or hidden in constants or any(q and q not in constants for q in quant):
+        return f"{where}; expected MatMul(hidden states, constant weight), found inputs {list(node.input)}"
     weight_shape, hidden_shape = shapes.get(weight), shapes.get(hidden)
+    if _is_matmul_nbits(node):  # B is packed [N, K/bs, blob]: the logical weight is [K, N]
+        attrs = {a.name: a.i for a in node.attribute}
+        weight_shape = [attrs["K"], attrs["N"]] if "K" in attrs and "N" in attrs else None
     if weight_shape is None or len(weight_shape) != 2:
         return f"{where}: its weight {weight!r} has shape {weight_shape}; expected a known 2-D [H, V]"
     if hidden_shape is not None and len(hidden_shape) != 3:
@@ -107,6 +115,10 @@ def slice_lm_head_input(graph: onnx.GraphProto, lm_head: LmHead, nodes: list[onn
     if len(kept) != len(graph.value_info):
         del graph.value_info[:]
         graph.value_info.extend(kept)
+
+
+def _is_matmul_nbits(node: onnx.NodeProto) -> bool:
+    return node.op_type == "MatMulNBits" and node.domain == _MS_DOMAIN
 
 
 def _constant_values(graph: onnx.GraphProto) -> set[str]:

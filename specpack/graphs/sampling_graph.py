@@ -10,7 +10,7 @@ random ops (uniforms are inputs), and counts are float sums (ReduceSum over int6
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -95,8 +95,8 @@ def count_leading(b: GraphBuilder, flags: Value) -> Value:
 
         flags [k] --Not, Cast--> rejected [k] --CumSum--> rejections so far [k] --(== 0), count--> [1]
     """
-    rejected = b.op("Cast", b.op("Not", flags), to=INT64)  # [k]
-    return count(b, b.op("Equal", b.op("CumSum", rejected, b.const(0)), b.const(0)))
+    rejected = b.op("Cast", b.op("Not", flags), to=FLOAT)  # [k] (a float CumSum: TensorRT's takes no int64)
+    return count(b, b.op("Equal", b.op("CumSum", rejected, b.const(0)), b.const(0.0, np.float32)))
 
 
 def sorted_top(b: GraphBuilder, x: Value, k: Value) -> tuple[Value, Value]:
@@ -184,9 +184,15 @@ def keep_threshold(b: GraphBuilder, x: Value, e: Value, top_k: Value, top_p: Val
     return b.if_(top_p_on, with_top_p, lambda _: [kth], [FLOAT])[0]
 
 
+Exp = Callable[[GraphBuilder, Value], Value]  # exp32, or sampling_trt's fp32 Exp
+KeepThreshold = Callable[[GraphBuilder, Value, Value, Value, Value, Value, Value, int | None], Value]  # keep_threshold's
+
+
 def transform(b: GraphBuilder, logits: Value, temperature: Value, top_k: Value, top_p: Value,
-              vocab: int | None) -> Value:
+              vocab: int | None, exp: Exp = exp32, keep: KeepThreshold = keep_threshold) -> Value:
     """Sampling distribution (temperature > 0): fp32 logits [N, V] -> probs [N, V] (oracle.transform).
+
+    `exp` and `keep` are the oracle-exact defaults; sampling_trt.py passes its TensorRT forms.
 
         x = logits / temperature                                        [N,V]
         e = exp32(x - max(x))                                           [N,V] unnormalised softmax
@@ -195,12 +201,12 @@ def transform(b: GraphBuilder, logits: Value, temperature: Value, top_k: Value, 
         probs = e / fsum(e)                                             [N,V] (in each branch: no copy)
     """
     x = b.op("Div", logits, temperature)  # [N, V]
-    e = exp32(b, b.op("Sub", x, b.reduce("ReduceMax", x, axis=-1)))  # [N, V]
+    e = exp(b, b.op("Sub", x, b.reduce("ReduceMax", x, axis=-1)))  # [N, V]
     top_k_on = b.op("And", b.op("Greater", top_k, b.const([0])), b.op("Less", top_k, vocab_size(b, x, vocab)))
     top_p_on = b.op("Less", top_p, b.const([1.0], np.float32))  # [1]
 
     def filtered(sub: GraphBuilder) -> list[Value]:
-        threshold = keep_threshold(sub, x, e, top_k, top_p, top_k_on, top_p_on, vocab)  # [N, 1]
+        threshold = keep(sub, x, e, top_k, top_p, top_k_on, top_p_on, vocab)  # [N, 1]
         kept = sub.op("Mul", e, sub.op("Cast", sub.op("GreaterOrEqual", x, threshold), to=FLOAT))  # [N, V]
         return [sub.op("Div", kept, fsum(sub, kept, vocab))]
 

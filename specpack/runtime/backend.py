@@ -7,8 +7,9 @@ loop and the drafters reach it only through these few methods; per-request data 
 
     name         module                                 what it runs
     cpu          specpack.runtime.backends.cpu          ONNX Runtime, CPU EP, host buffers (the default)
-    cuda         specpack.runtime.backends.cuda         ONNX Runtime, CUDA EP (not implemented yet: refuses clearly)
+    cuda         specpack.runtime.backends.cuda         ONNX Runtime, CUDA EP, device buffers, CUDA graphs (static-cache packs)
     reference    specpack.runtime.backends.reference    the numpy oracle for sampling and acceptance, no KV cache
+    tensorrt     specpack.runtime.backends.tensorrt     the pack's TensorRT engines, CUDA graphs (docs/tensorrt.md)
 
 Each module has `load(path, manifest, options) -> Backend` and imports its heavy dependencies itself, so
 that loading one backend never imports another's.
@@ -31,6 +32,7 @@ BACKENDS: dict[str, str] = {  # device name -> module with `load(path, manifest,
     "cpu": "specpack.runtime.backends.cpu",
     "cuda": "specpack.runtime.backends.cuda",
     "reference": "specpack.runtime.backends.reference",
+    "tensorrt": "specpack.runtime.backends.tensorrt",
 }
 
 

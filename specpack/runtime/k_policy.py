@@ -1,10 +1,11 @@
 """k policies: how many drafts each step asks for (docs/architecture.md, "k policy").
 
 The loop asks `next_k(state)` before every step, caps the answer at the tokens still allowed, and reports
-what happened with `observe(k, n_accepted, elapsed_s)`. k = 0 is a plain autoregressive step through the
-verify graph. A policy lives for one request.
+what happened with `observe(k, n_accepted, elapsed_s, draft_s)`. k = 0 is a plain autoregressive step
+through the verify graph. A policy lives for one request.
 
-    FixedK   the same k every step (`generate(k=...)`)
+    FixedK      the same k every step (`generate(k=N)`)
+    AdaptiveK   the k of the highest expected tokens per second (`generate(k=None)`, "auto"; adaptive_k.py)
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ class KPolicy(Protocol):
         """Drafts for the next step, in 0..k_max."""
         ...
 
-    def observe(self, k: int, n_accepted: int, elapsed_s: float) -> None:
-        """The step verified k drafts (after the loop's cap), n_accepted passed, and it took elapsed_s."""
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
+        """The step verified k drafts (after the loop's cap and the drafter's own limits; 0 when it proposed
+        nothing), n_accepted passed; it took elapsed_s, of which draft_s drafting (the rest: verify and commit)."""
         ...
 
 
@@ -40,5 +42,5 @@ class FixedK:
     def next_k(self, state: DecodeState) -> int:
         return self.k
 
-    def observe(self, k: int, n_accepted: int, elapsed_s: float) -> None:
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
         pass

@@ -21,22 +21,24 @@ from specpack.runtime.k_policy import KPolicy
 from specpack.runtime.state import NO_DRAFTS, DecodeState
 
 OnTokens = Callable[[list[int]], None]
+Clock = Callable[[], float]  # seconds
 FINISH_REASONS = ("eos", "length", "cancelled")
 
 
 def decode(state: DecodeState, target: TargetModel, drafter: Drafter, policy: KPolicy,
-           on_tokens: OnTokens | None = None, cancel: threading.Event | None = None) -> str:
+           on_tokens: OnTokens | None = None, cancel: threading.Event | None = None,
+           clock: Clock = time.perf_counter) -> str:
     """Generate into state.out (up to state.max_new_tokens, ending at an eos); returns the finish reason.
 
     `cancel` is checked before each step: once it is set, no further step starts ("cancelled"). An
     exception from on_tokens propagates; the next request resets every cache it uses, so nothing is left
-    half done.
+    half done. `clock` times the steps and their draft phase (tests pass a fake one).
     """
     stats = state.stats
     if policy.k_max > state.k_max:
         raise SpecpackError("k policy out of range", expected=f"k_max <= {state.k_max} (the pack's)",
                             found=f"k_max {policy.k_max}")
-    t0 = time.perf_counter()
+    t0 = clock()
     if cancel is not None and cancel.is_set():
         return _finish(state, t0, t0, cancelled=True)
 
@@ -47,13 +49,13 @@ def decode(state: DecodeState, target: TargetModel, drafter: Drafter, policy: KP
     _emit(state.commit(*result), on_tokens)
     if policy.k_max > 0 and not state.finished:
         drafter.begin(state)  # the draft's prefill belongs to the first token's time too
-    t_first = time.perf_counter()
+    t_first = clock()
     stats.ttft_s = t_first - t0
 
     while not state.finished:
         if cancel is not None and cancel.is_set():
-            return _finish(state, t_first, time.perf_counter(), cancelled=True)
-        t_step = time.perf_counter()
+            return _finish(state, t_first, clock(), cancelled=True)
+        t_step = clock()
         # 2. k from the policy, capped so that the verify never emits past max_new_tokens; the step's uniforms.
         k = policy.next_k(state)
         if not 0 <= k <= policy.k_max:
@@ -62,16 +64,19 @@ def decode(state: DecodeState, target: TargetModel, drafter: Drafter, policy: KP
         state.uniforms.draw(k)
         # 3. Draft: up to k tokens written after the committed ones, with their q (None: one-hot).
         proposal = drafter.propose(state, k) if k > 0 else NO_DRAFTS
+        t_drafted = clock()
         # 4. Verify the last committed token and the drafts in one target pass; its cache keeps the accepted part.
         result = target.verify(state, proposal)
-        stats.record_step(proposal.k, result.n_accepted)
         # 5. Commit the accepted drafts (already in place) and the next token; the drafter drops the rest.
         new = state.commit(*result)
         if k > 0:
             drafter.commit(state)
-        policy.observe(proposal.k, result.n_accepted, time.perf_counter() - t_step)
+        t_done = clock()
+        stats.record_step(proposal.k, result.n_accepted, asked=k, draft_s=t_drafted - t_step,
+                          verify_s=t_done - t_drafted)
+        policy.observe(proposal.k, result.n_accepted, t_done - t_step, t_drafted - t_step)
         _emit(new, on_tokens)
-    return _finish(state, t_first, time.perf_counter(), cancelled=False)
+    return _finish(state, t_first, clock(), cancelled=False)
 
 
 def _emit(new: list[int], on_tokens: OnTokens | None) -> None:

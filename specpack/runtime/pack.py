@@ -1,6 +1,9 @@
-"""A loaded pack: wiring only. Manifest and integrity check, tokenizer, backend, drafter and k policy.
+"""A loaded pack: wiring only. Manifest and integrity check, tokenizer, backend, drafters and k policy.
 
     load(path, device="cpu") -> Pack -> generate(prompt) -> Generation(tokens, text, stats, finish_reason)
+
+Drafters: "model" (the pack's draft model; packs exported with one) and "ngram" (prompt lookup: every pack).
+k: None is "auto" (AdaptiveK, the default), an int N is N drafts every step (FixedK; 0: the target alone).
 
 Thread safety (docs/architecture.md, "Threads"): one lock per Pack around each generation.
 """
@@ -18,15 +21,21 @@ from typing import Any
 from specpack.deploy.integrity import verify_pack
 from specpack.deploy.manifest import Manifest
 from specpack.errors import SpecpackError
+from specpack.limits import DRAFTERS
+from specpack.runtime.adaptive_k import AdaptiveK, Costs, PriorCosts
 from specpack.runtime.backend import Backend, BackendOptions, open_backend
 from specpack.runtime.drafter import Drafter, ModelDrafter
 from specpack.runtime.k_policy import FixedK, KPolicy
 from specpack.runtime.loop import decode
+from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.state import DecodeState
 from specpack.runtime.stats import DecodeStats
 from specpack.runtime.tokenizer import PackTokenizer
-from specpack.sampling import Uniforms
-from specpack.validation import PackLimits, check_generate_args, check_load_args, check_prompt
+from specpack.sampling import SamplingParams, Uniforms
+from specpack.validation import PackLimits, check_context, check_generate_args, check_load_args, check_prompt
+
+# the draft phase per draft in target steps, where the k schedule must not follow the clock (seeded sampling)
+PRIOR_DRAFT_COST = {"model": 0.5, "ngram": 0.0}
 
 
 @dataclass
@@ -38,19 +47,20 @@ class Generation:
 
 
 def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | None = None,
-         manifest_sha256: str | None = None) -> Pack:
+         manifest_sha256: str | None = None, ngram: NgramConfig | None = None) -> Pack:
     """Open a pack: check every file against the manifest, then load the tokenizer and the backend.
 
     device: a registered backend ("cpu", "cuda", "reference"; runtime/backend.py). threads: intra-op threads
     per session (None: ONNX Runtime's default). The draft model is opened on its first use.
     `manifest_sha256` (printed by `specpack inspect`) pins the pack: any other manifest is refused.
+    `ngram`: the n-gram drafter's n range (default NgramConfig()).
     """
     path = Path(check_load_args(path, threads))
     manifest = Manifest.read(path, sha256=manifest_sha256)
     verify_pack(path, manifest)
     tokenizer = PackTokenizer.load(path / "tokenizer")
     backend = open_backend(device, path, manifest, BackendOptions(threads=threads))
-    return Pack(path, manifest, tokenizer, backend)
+    return Pack(path, manifest, tokenizer, backend, ngram=ngram)
 
 
 class Pack:
@@ -65,10 +75,18 @@ class Pack:
     """
 
     def __init__(self, path: Path, manifest: Manifest, tokenizer: PackTokenizer, backend: Backend,
-                 drafter: Drafter | None = None) -> None:
+                 drafter: Drafter | None = None, ngram: NgramConfig | None = None) -> None:
+        """`drafter` replaces the pack's default drafter (the manifest's: "model" or "ngram")."""
         self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
-        self.drafter: Drafter = drafter if drafter is not None else ModelDrafter(backend.draft)
+        self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(ngram)}
+        if manifest.drafter == "model":
+            self.drafters["model"] = ModelDrafter(backend.draft)
+        self.default_drafter: str = manifest.drafter
+        if drafter is not None:
+            self.drafters[self.default_drafter] = drafter
+        self.drafter = self.drafters[self.default_drafter]
         self.eos_ids = frozenset(manifest.eos_token_ids)
+        self._costs: dict[str, Costs] = {}  # drafter -> the step costs adaptive k measured on this machine
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock
 
@@ -94,15 +112,38 @@ class Pack:
             return self.tokenizer.encode_chat(checked) if chat else self.tokenizer.encode(checked)
         return checked
 
-    def policy(self, k: int) -> KPolicy:
-        """The k policy of one request: k drafts every step (0: the target alone)."""
-        return FixedK(k)
+    def drafter_named(self, name: str | None) -> tuple[str, Drafter]:
+        """The drafter `name` ("model" | "ngram"; None: the pack's default), refused clearly where the pack lacks it."""
+        if name is None:
+            name = self.default_drafter
+        if name not in DRAFTERS:
+            raise SpecpackError(f"unknown drafter {name!r}", expected=" | ".join(DRAFTERS), found=repr(name))
+        if name not in self.drafters:
+            raise SpecpackError("this pack has no draft model", expected="drafter 'ngram' (prompt lookup) for this pack",
+                                found=f"drafter {name!r}, a pack exported with --drafter {self.default_drafter}",
+                                hint="use --drafter ngram, or export the pack with --draft D")
+        return name, self.drafters[name]
+
+    def policy(self, k: int | None, drafter: str, params: SamplingParams, seed: int | None) -> KPolicy:
+        """The k policy of one request: k drafts every step (0: the target alone), or None: adaptive.
+
+        Adaptive k follows the step times measured on this machine, except for sampling with a seed, where
+        the same seed must give the same tokens: there it follows acceptance alone, with fixed relative costs.
+        """
+        if k is not None:
+            return FixedK(k)
+        if not params.greedy and seed is not None:
+            return AdaptiveK(self.manifest.k_max, costs=PriorCosts(PRIOR_DRAFT_COST[drafter]))
+        policy = AdaptiveK(self.manifest.k_max, costs=self._costs.get(drafter))
+        self._costs[drafter] = policy.costs  # the step costs measured so far carry over to the next request
+        return policy
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, *, k: int | None = None,
-                 temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, seed: int | None = None,
-                 chat: bool = False, on_text: Callable[[str], None] | None = None,
+                 drafter: str | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
+                 seed: int | None = None, chat: bool = False, on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None) -> Generation:
-        """Speculative decoding with k drafts per step (default: the pack's k_max; k = 0: the target alone).
+        """Speculative decoding: k drafts per step (None, the default: adaptive, "auto"; 0: the target alone)
+        from `drafter` ("model" | "ngram"; None: the pack's own, the manifest's `drafter`).
 
         Greedy by default; the output distribution is the target's for any sampling parameters, and the same
         seed gives the same tokens. `on_text` receives the text as it is decoded; an exception it raises
@@ -113,10 +154,10 @@ class Pack:
         args = check_generate_args(prompt, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
                                    seed=seed, chat=chat, on_text=on_text, limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
         prompt, max_new_tokens, params, seed = args.prompt, args.max_new_tokens, args.sampling, args.seed
-        k = m.k_max if args.k is None else args.k
+        name, chosen = self.drafter_named(drafter)
         ids = self.encode(prompt, chat=chat)
-        self._check_request(len(ids), max_new_tokens, k)
-        policy = self.policy(k)
+        self._check_request(len(ids), max_new_tokens)
+        policy = self.policy(args.k, name, params, seed)
         stream = self.tokenizer.stream() if on_text is not None else None
 
         def on_tokens(new: list[int]) -> None:
@@ -128,8 +169,9 @@ class Pack:
         with self.exclusive() as backend:
             state = DecodeState.start(ids, max_new_tokens, params, Uniforms(params, m.k_max, seed=seed),
                                       eos_ids=self.eos_ids, max_len=m.max_len, k_max=m.k_max,
-                                      stats=DecodeStats(k=policy.k_max))
-            finish_reason = decode(state, backend.target(), self.drafter, policy, on_tokens, cancel)
+                                      stats=DecodeStats(k=policy.k_max, drafter=name,
+                                                        k_policy="fixed" if args.k is not None else "auto"))
+            finish_reason = decode(state, backend.target(), chosen, policy, on_tokens, cancel)
         if stream is not None and on_text is not None and (rest := stream.flush()):
             on_text(rest)
         stats = state.stats.to_dict()
@@ -137,15 +179,11 @@ class Pack:
         return Generation(tokens=state.out, text=self.tokenizer.decode(state.out), stats=stats,
                           finish_reason=finish_reason)
 
-    def _check_request(self, n_prompt: int, max_new_tokens: int, k: int) -> None:
+    def _check_request(self, n_prompt: int, max_new_tokens: int) -> None:
         m = self.manifest
         if n_prompt == 0:
             raise SpecpackError("empty prompt", expected="at least one token", found="0 tokens")
-        if n_prompt + max_new_tokens > m.max_len:
-            raise SpecpackError("prompt plus max_new_tokens is longer than the pack's max length",
-                                expected=f"prompt + max_new_tokens <= {m.max_len}",
-                                found=f"{n_prompt} + {max_new_tokens} = {n_prompt + max_new_tokens}",
-                                hint="shorten the prompt, lower --max-new-tokens, or re-export with a larger --max-len")
+        check_context(n_prompt, max_new_tokens, m.max_len)
 
     def close(self) -> None:
         with self.exclusive() as backend:

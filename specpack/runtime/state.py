@@ -75,8 +75,7 @@ class DecodeState:
         return new
 
 
-@dataclass(frozen=True)
-class Proposal:
+class Proposal(NamedTuple):
     """k draft tokens for one verify; `tokens` is a view of state.ids[length : length + k] (no copy).
 
     q is backend-resident (the backend that drew the drafts owns it; e.g. a numpy view [1, k, V] on the

@@ -3,6 +3,9 @@
 alpha: accepted / proposed draft tokens, where proposed counts only drafts that were verified (k is
 capped at the tokens still allowed). tau: tokens emitted per verify step (accepted + 1).
 tokens_per_s: decoding after the first token; time to first token is reported apart.
+k_histogram[k]: steps that verified k drafts; k_asked_histogram[k]: steps the k policy asked k for (after the
+loop's cap), which differ where a drafter proposed fewer (the n-gram drafter without a match, a drafted eos).
+draft_s / verify_s: time in the draft phase / in the verify and commit phase of the steps, summed.
 """
 
 from __future__ import annotations
@@ -13,12 +16,18 @@ from typing import Any
 
 @dataclass
 class DecodeStats:
-    k: int
+    k: int                         # the most drafts a step may ask for (the k policy's k_max)
+    drafter: str = "model"         # who proposed the drafts: "model" | "ngram"
+    k_policy: str = "fixed"        # "fixed" (the same k every step) | "auto" (adaptive_k.py)
     steps: int = 0                 # verify steps after the prefill
     proposed: int = 0
     accepted: int = 0
     proposed_at: list[int] = field(default_factory=list)  # per draft position 1..k
     accepted_at: list[int] = field(default_factory=list)
+    k_histogram: list[int] = field(default_factory=list)        # [k + 1] steps per verified k
+    k_asked_histogram: list[int] = field(default_factory=list)  # [k + 1] steps per k asked
+    draft_s: float = 0.0
+    verify_s: float = 0.0
     new_tokens: int = 0
     ttft_s: float = 0.0            # prompt in -> first token out (both prefills are part of it)
     decode_s: float = 0.0          # first token out -> last token out
@@ -26,10 +35,17 @@ class DecodeStats:
     def __post_init__(self) -> None:
         self.proposed_at = [0] * self.k
         self.accepted_at = [0] * self.k
+        self.k_histogram = [0] * (self.k + 1)
+        self.k_asked_histogram = [0] * (self.k + 1)
 
-    def record_step(self, k: int, n_accepted: int) -> None:
-        """One verify of k drafts, of which the first n_accepted passed."""
+    def record_step(self, k: int, n_accepted: int, *, asked: int | None = None, draft_s: float = 0.0,
+                    verify_s: float = 0.0) -> None:
+        """One verify of k drafts, of which the first n_accepted passed; `asked`: the k asked for (default k)."""
         self.steps += 1
+        self.k_histogram[k] += 1
+        self.k_asked_histogram[k if asked is None else asked] += 1
+        self.draft_s += draft_s
+        self.verify_s += verify_s
         self.proposed += k
         self.accepted += n_accepted
         for i in range(k):
@@ -56,4 +72,6 @@ class DecodeStats:
             "accepted": self.accepted, "per_position": per_position,
             "proposed_at": list(self.proposed_at), "accepted_at": list(self.accepted_at), "tokens_per_s": self.tokens_per_s,
             "k": self.k, "new_tokens": self.new_tokens, "ttft_s": self.ttft_s, "decode_s": self.decode_s,
+            "drafter": self.drafter, "k_policy": self.k_policy, "k_histogram": list(self.k_histogram),
+            "k_asked_histogram": list(self.k_asked_histogram), "draft_s": self.draft_s, "verify_s": self.verify_s,
         }

@@ -43,8 +43,10 @@ def make_fake_pack(k_max: int = 4, max_len: int = 200, draft_noise: float = 1.5)
     draft_table = target_table + rng.normal(0, draft_noise, (V, V)).astype(np.float32)
     manifest = SimpleNamespace(
         k_max=k_max, max_len=max_len, vocab_size=V, quantization=None, eos_token_ids=[],
-        draft=SimpleNamespace(dtype="fp32", source={"source": "draft", "resolved": None}),
-        target=SimpleNamespace(dtype="fp32", source={"source": "target", "resolved": None}))
+        drafter="model",
+        draft=(draft := SimpleNamespace(dtype="fp32", source={"source": "draft", "resolved": None}, quantization=None)),
+        draft_model=draft,
+        target=SimpleNamespace(dtype="fp32", source={"source": "target", "resolved": None}, quantization=None))
     backend = ReferenceBackend(bigram_logits(target_table), lambda: bigram_logits(draft_table), V, k_max)
     return Pack(Path("fake-pack"), manifest, CharTokenizer(), backend)  # type: ignore[arg-type]
 

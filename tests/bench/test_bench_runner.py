@@ -32,6 +32,14 @@ def test_run_decodes_every_prompt_at_k0_and_each_k(fake_pack: Pack) -> None:
     assert {"load", "timing", "autoregressive", "speculative"} <= set(run.peak_memory["peak_rss_mb"])
 
 
+def test_ngram_drafter_is_benched_without_a_draft_step(fake_pack: Pack) -> None:
+    """--drafter ngram: every decode drafts by prompt lookup, no draft step is timed (c = 0), still lossless."""
+    run = run_bench(Path("any"), PROMPTS, BenchConfig(ks=(2,), max_new_tokens=20, timing_reps=2, drafter="ngram"))
+    assert run.pack["drafter"] == "ngram" and run.costs.c == 0.0 and set(run.costs.verify_s) == {2}
+    for r in run.runs:
+        assert r.spec[2].stats["drafter"] == "ngram" and r.spec[2].tokens == r.ar.tokens
+
+
 def test_prompts_too_long_are_skipped_not_truncated(fake_pack: Pack) -> None:
     long = BenchPrompt("long/0", "x", "y" * 190, chat=False)
     run = run_bench(Path("any"), [*PROMPTS[:1], long], BenchConfig(ks=(2,), max_new_tokens=20, timing_reps=1))

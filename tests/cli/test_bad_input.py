@@ -154,3 +154,28 @@ def test_generate_k0_and_the_reference_device(pack: Path, args: list[str]) -> No
     assert code == 0, text
     out = json.loads(text)
     assert out["finish_reason"] in ("eos", "length") and out["stats"]["k"] == int(args[1])
+
+
+def test_generate_k_auto_with_the_ngram_drafter(pack: Path) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "def add(a, b): def add(a, b):", "--max-new-tokens", "8",
+                       "--json", "--k", "auto", "--drafter", "ngram"])
+    assert code == 0, text
+    stats = json.loads(text)["stats"]
+    assert stats["drafter"] == "ngram" and stats["k_policy"] == "auto" and sum(stats["k_asked_histogram"]) == stats["steps"]
+
+
+def test_generate_k_not_a_number(pack: Path) -> None:
+    code, text = _run(["generate", str(pack), "--prompt", "hi", "--k", "fast"])
+    _assert_error(code, text, "invalid --k", "'fast'")
+
+
+def test_model_drafter_on_a_pack_without_a_draft_model(tiny_ngram_pack) -> None:
+    code, text = _run(["generate", str(tiny_ngram_pack("qwen2")[0]), "--prompt", "hi", "--drafter", "model"])
+    _assert_error(code, text, "has no draft model", "--drafter ngram")
+
+
+def test_export_drafter_ngram_with_a_draft(tiny_pairs, tmp_path: Path) -> None:
+    draft, target = tiny_pairs("qwen2")
+    code, text = _run(["--draft", str(draft), "--target", str(target), "--drafter", "ngram", "-o", str(tmp_path / "p")],
+                      spec_export)
+    _assert_error(code, text, "--draft and --drafter disagree", "with --draft")

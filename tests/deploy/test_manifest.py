@@ -42,8 +42,9 @@ def test_fields_other_helpers_add_have_room() -> None:
     def change(m: dict[str, Any]) -> None:
         m["target"]["dtype"] = "fp32"
         m["target"]["quantization"] = {
-            "method": "int4", "block_size": 32, "accuracy_level": 4, "tensors": {"*.mlp.*": "int4"},
-            "fidelity": {"alpha": 0.8, "tau": 3.9, "top1_agreement": 0.97, "kl": 0.01},
+            "method": "int4", "block_size": 32, "accuracy_level": 4,
+            "tensors": [{"tensor": "model.layers.0.mlp.up_proj.weight", "path": "int4", "k": 896}],
+            "fidelity": {"alpha": 0.8, "tau": 3.9, "top1_agreement": 0.97, "mean_kl": 0.01},
             "calibration": {"method": "minmax", "samples": 128, "dataset_sha256": "a" * 64,
                             "versions": {"onnxruntime": "1.32.0"}, "seed": 0},
             "future_detail": {"any": ["json", 1]}}

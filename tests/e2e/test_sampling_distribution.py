@@ -13,6 +13,15 @@ pooled by rank quantile, and every bin's probability is exact. A generation stop
 fix its bin: where the distribution is flat that is after 2-3 tokens, where it is sharp (temperature 0.5,
 top-k 5) deeper drafts are tested too.
 
+The n-gram drafter (a deterministic proposal: q one-hot on each draft) goes through the same test with
+adaptive k, on a prompt built so that it proposes something at nearly every step (the tiny target's text
+repeats nothing by itself): a body B (the prompt and 160 greedy tokens), preceded, for each of the target's
+3 likeliest next tokens a, by the last 3 tokens of B, a and the greedy continuation of B + a. The tiny
+target's distributions are flat, so most of these drafts are rejected (alpha ~0.006): the test checks
+mostly the rejection path (draw from p without the drafted token) through the real verify graph; the
+reference backend's test (tests/runtime/test_sampling_reference.py) has a sharper target and thousands of
+acceptances.
+
 A deliberately broken draft (q taken before the transform, transformers #32867 / #47932) fails the same
 test with the same seed; the same wrapper made honest gives bit-identical q and tokens.
 
@@ -36,12 +45,14 @@ import specpack
 from specpack.errors import SpecpackError
 from specpack.graphs import oracle
 from specpack.limits import numpy_dtype
+from specpack.runtime.adaptive_k import AdaptiveK, PriorCosts
 from specpack.runtime.backend import DraftModel, TargetModel
 from specpack.runtime.backends.cpu import OrtDraft
 from specpack.runtime.drafter import Drafter, ModelDrafter
-from specpack.runtime.k_policy import FixedK
+from specpack.runtime.k_policy import FixedK, KPolicy
 from specpack.runtime.kv_cache import ConcatKVCache
 from specpack.runtime.loop import decode
+from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.pack import Pack
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
@@ -225,8 +236,10 @@ class _Decided(Exception):
 
 
 def draw_samples(pack: Pack, drafter: Drafter, prompt: list[int], params: SamplingParams, k: int, seed: int,
-                 n: int = SAMPLES, decided: Callable[[Continuation], bool] | None = None) -> Samples:
-    """n generations of k + 2 tokens (the first step verifies all k drafts), one Philox generator across them.
+                 n: int = SAMPLES, decided: Callable[[Continuation], bool] | None = None,
+                 policy: Callable[[], KPolicy] | None = None) -> Samples:
+    """n generations of k + 2 tokens (the first step verifies all k drafts), one Philox generator across them;
+    `policy` makes each generation's k policy (default: FixedK(k)).
 
     A generation ends early at an eos, or once `decided` says its tokens so far fix its bin: the tokens
     after that cannot change the chi-square, and skipping them halves the cost where distributions are flat.
@@ -247,7 +260,7 @@ def draw_samples(pack: Pack, drafter: Drafter, prompt: list[int], params: Sampli
             state = DecodeState.start(prompt, k + 2, params, Uniforms(params, m.k_max, generator=rng),
                                       eos_ids=pack.eos_ids, max_len=m.max_len, k_max=m.k_max, stats=DecodeStats(k=k))
             with contextlib.suppress(_Decided):
-                decode(state, target, drafter, FixedK(k), on_tokens)
+                decode(state, target, drafter, FixedK(k) if policy is None else policy(), on_tokens)
             out.append(tuple(tokens))
     return Samples(out, sum(k_step for k_step, _ in target.calls), sum(acc for _, acc in target.calls))
 
@@ -307,6 +320,52 @@ def test_distribution_is_the_targets(pack: Pack, prompt_ids: list[int], exact: P
     assert 0.2 < samples.alpha < 0.95, f"acceptance {samples.alpha:.3f}: the test would not exercise rejections"
     p = pvalue(part, samples)
     print(f"{_id(params)} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert p > P_FAIL
+
+
+NGRAM_SETTINGS = [(SamplingParams(1.0), None)]  # one setting: ~2 minutes on the 2-core CPU
+NGRAM_DRAFTER = NgramConfig(n_min=1, n_max=4)
+
+
+@pytest.fixture(scope="module")
+def ngram_prompt(pack: Pack, pack_dirs: tuple[Path, Path, Path], prompt_ids: list[int]) -> list[int]:
+    """[B[-3:], a, greedy(B + a)] for the 3 likeliest next tokens a, then B (the module docstring)."""
+    body = [*prompt_ids, *pack.generate(prompt_ids, 160, k=0).tokens]
+    likeliest = np.argsort(TargetLogits(pack_dirs[2], body)([()])[0])[::-1][:3]  # [3] next tokens after B
+    prefix = []
+    for a in likeliest.tolist():
+        prefix += [*body[-3:], a, *pack.generate([*body, a], 8, k=0).tokens]
+    return [*prefix, *body]
+
+
+@pytest.fixture(scope="module")
+def ngram_exact(pack_dirs: tuple[Path, Path, Path], ngram_prompt: list[int], pack: Pack) -> PartitionFor:
+    logits = TargetLogits(pack_dirs[2], ngram_prompt)
+
+    @cache
+    def partition(params: SamplingParams, length: int) -> ExactPartition:
+        return ExactPartition.build(lambda prefixes: oracle.transform(logits(prefixes), params), length,
+                                    pack.eos_ids, SAMPLES)
+
+    return partition
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("params", "k"), NGRAM_SETTINGS,
+                         ids=[f"{_id(p)}-k{'auto' if k is None else k}" for p, k in NGRAM_SETTINGS])
+def test_ngram_drafter_distribution_is_the_targets(pack: Pack, ngram_prompt: list[int], ngram_exact: PartitionFor,
+                                                   params: SamplingParams, k: int | None) -> None:
+    """Deterministic drafts (q one-hot) through the same verify graph; k None: adaptive k (acceptance alone)."""
+    k_max = pack.manifest.k_max
+    steps = k_max if k is None else k
+    policy: Callable[[], KPolicy] = (lambda: FixedK(steps)) if k is not None else (
+        lambda: AdaptiveK(k_max, costs=PriorCosts(0.0)))
+    part = ngram_exact(params, steps + 2)
+    samples = draw_samples(pack, NgramDrafter(NGRAM_DRAFTER), ngram_prompt, params, steps, 77 + steps,
+                           decided=part.decided, policy=policy)
+    assert samples.proposed > SAMPLES and samples.accepted >= 100, (samples.proposed, samples.accepted)
+    p = pvalue(part, samples)
+    print(f"ngram {_id(params)} k={k}: proposed={samples.proposed} alpha={samples.alpha:.3f} p={p:.4g}")
     assert p > P_FAIL
 
 

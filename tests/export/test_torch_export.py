@@ -150,9 +150,9 @@ def test_fp16_export(tiny_pairs, tiny_plain_graph) -> None:
 
 
 def test_invalid_dtype_lists_choices(tmp_path: Path) -> None:
-    with pytest.raises(SpecpackError, match="bf16") as err:
-        export_plain_graph(tmp_path, tmp_path / "x.onnx", dtype="bf16")
-    assert "fp32, fp16" in str(err.value)
+    with pytest.raises(SpecpackError, match="fp8") as err:
+        export_plain_graph(tmp_path, tmp_path / "x.onnx", dtype="fp8")
+    assert "fp32, fp16, bf16" in str(err.value)
 
 
 def test_missing_model_dir(tmp_path: Path) -> None:

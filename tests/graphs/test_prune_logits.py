@@ -1,6 +1,7 @@
 """The lm_head computes logits only for the rows a head reads (prune_logits.py): same outputs, fewer rows.
 
-Each exported tiny model (Llama, Qwen2, GPT-2) gets its heads twice: pruned (the hidden states sliced before
+Each exported tiny model (Llama, Qwen2, GPT-2, and Qwen2 with int4 weights: an lm_head in ONNX Runtime's
+MatMulNBits) gets its heads twice: pruned (the hidden states sliced before
 the lm_head, the default) and unpruned (find_lm_head patched to fail, so attach.py slices the logits after
 the full lm_head, as before pruning existed). Both must give the same tokens, counts, q and presents.
 """
@@ -28,7 +29,7 @@ from .cases import sampling_feeds
 from .plain import copy_plain, make_plain, plain_feeds
 
 F32 = np.float32
-FAMILIES = ("llama", "qwen2", "gpt2")
+FAMILIES = ("llama", "qwen2", "gpt2", "qwen2-int4")
 PARAMS = (SamplingParams(0.0), SamplingParams(0.9, top_k=30, top_p=0.95))
 PREFILL = 7
 
@@ -65,7 +66,7 @@ def _lm_head_input_is_slice(path: Path) -> bool:
     graph = onnx.load(str(path), load_external_data=False).graph
     producers = {o: n for n in graph.node for o in n.output}
     value = names.LOGITS
-    while producers[value].op_type != "MatMul":  # back through per-position ops, on their non-constant input
+    while producers[value].op_type not in ("MatMul", "MatMulNBits"):  # back through per-position ops
         value = next(i for i in producers[value].input if i in producers and producers[i].op_type != "Constant")
     hidden = producers.get(producers[value].input[0])
     if hidden is None or hidden.op_type != "Slice":
@@ -87,7 +88,14 @@ def _with_logits_output(path: Path) -> Path:
 def built(request: pytest.FixtureRequest, tiny_plain_graph: Callable[..., Path],
           tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """Pruned and unpruned heads on one family's exported tiny target, and the plain graph beside them."""
-    source = Path(tiny_plain_graph(request.param))  # shared by other tests: build from copies
+    family, _, quantized = str(request.param).partition("-")
+    source = Path(tiny_plain_graph(family))  # shared by other tests: build from copies
+    if quantized:
+        from specpack.quantize.stage import quantize_plain_graph
+
+        out = tmp_path_factory.mktemp(f"plain-{request.param}") / "target.onnx"
+        quantize_plain_graph(source, out, quantized)
+        source = out
     vocab = int(onnx.load(str(source), load_external_data=False).graph.output[0].type.tensor_type.shape.dim[2].dim_value)
     root = tmp_path_factory.mktemp(f"prune-{request.param}")
     pruned, whole = _build(source, root / "pruned", vocab, True), _build(source, root / "whole", vocab, False)

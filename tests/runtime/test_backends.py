@@ -86,9 +86,9 @@ def test_two_slots_interleaved_on_cpu(tiny_pack) -> None:
 
 
 def test_unknown_device_lists_the_registered_ones(tiny_pack) -> None:
-    with pytest.raises(SpecpackError, match=re.escape("expected: cpu | cuda | reference")) as err:
+    with pytest.raises(SpecpackError, match=re.escape("expected: cpu | cuda | reference | tensorrt")) as err:
         specpack.load(tiny_pack("qwen2", "noisy")[0], device="gpu")
-    assert "'gpu'" in str(err.value) and set(BACKENDS) == {"cpu", "cuda", "reference"}
+    assert "'gpu'" in str(err.value) and set(BACKENDS) == {"cpu", "cuda", "reference", "tensorrt"}
 
 
 def test_cuda_says_what_is_missing(tiny_pack) -> None:
@@ -97,6 +97,6 @@ def test_cuda_says_what_is_missing(tiny_pack) -> None:
     with pytest.raises(SpecpackError) as err:
         specpack.load(tiny_pack("qwen2", "noisy")[0], device="cuda")
     if "CUDAExecutionProvider" in ort.get_available_providers():
-        assert "not implemented" in str(err.value)
+        assert "static KV cache" in str(err.value)  # this pack is concat-style
     else:
         assert "CUDAExecutionProvider" in str(err.value) and "onnxruntime-gpu" in str(err.value)

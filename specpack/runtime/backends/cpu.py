@@ -1,7 +1,8 @@
 """The `cpu` backend: ONNX Runtime's CPU EP over host buffers allocated once (docs/architecture.md, "Backends").
 
     OrtBackend
-      target()  OrtTarget: verify.onnx, one ConcatKVCache per slot, n_accepted / next_token [1] per slot
+      target()  OrtTarget: verify.onnx, one KV cache per slot (static or concat, by the graph's form),
+                n_accepted / next_token [1] per slot
       draft()   OrtDraft:  draft_step.onnx (opened on first use), a cache, q [1, k_max, V] and token [1] per slot
 
 Every input is a view bound by pointer (IOBinding): input_ids is state.ids[None, cached:end], the drafts
@@ -20,12 +21,14 @@ import numpy as np
 
 from specpack import names
 from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.kv_cache import ConcatKVCache, KVCache
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+from specpack.runtime.static_kv_cache import StaticKVCache
 
 
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> OrtBackend:
@@ -138,6 +141,8 @@ class OrtBackend:
     def __init__(self, path: Path, manifest: Manifest, options: BackendOptions) -> None:
         self.path, self.manifest, self.options = path, manifest, options
         m = manifest
+        if self.name == "cpu":
+            _check_cpu_dtypes(m)
         self.constants = Constants.allocate(m.max_len + m.k_max + 1, m.vocab_size)
         self._target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, m.k_max, m.vocab_size)
         self._draft: OrtDraft | None = None
@@ -170,6 +175,24 @@ class OrtBackend:
         return graph
 
     def _caches(self, entry: ModelEntry) -> list[KVCache]:
-        capacity = self.manifest.max_len + self.manifest.k_max + 1
-        return [ConcatKVCache(entry.num_layers, entry.kv_heads, entry.head_dim, capacity, numpy_dtype(entry.dtype))
-                for _ in range(self.options.slots)]
+        return [host_cache(entry, self.manifest.max_len, self.manifest.k_max) for _ in range(self.options.slots)]
+
+
+def host_cache(entry: ModelEntry, max_len: int, k_max: int) -> KVCache:
+    """The host KV cache of the form the model's graph was exported in (the manifest's `kv_cache`):
+    static buffers [1, H, max_len, D] written in place, or concat ping-pong buffers."""
+    dtype = numpy_dtype(entry.dtype)
+    if entry.graph.kv_cache == "static":  # a request never runs past max_len (prompt + max_new_tokens <= max_len)
+        return StaticKVCache(entry.num_layers, entry.kv_heads, entry.head_dim, max_len, dtype)
+    return ConcatKVCache(entry.num_layers, entry.kv_heads, entry.head_dim, max_len + k_max + 1, dtype)
+
+
+def _check_cpu_dtypes(m: Manifest) -> None:
+    """fp16 graphs run on the CPU only where ONNX Runtime has fast fp16 kernels (runtime/cpu_fp16.py)."""
+    from specpack.runtime.cpu_fp16 import cpu_fp16_refusal
+
+    if any(entry.dtype == "fp16" for _, entry in m.models()) and (why := cpu_fp16_refusal()):
+        raise SpecpackError("this fp16 pack has no fast kernels on this CPU", expected="an fp32 pack on this CPU "
+                            "(with int4 / int8 weights for speed)", found=why,
+                            hint="re-export with --dtype fp32 --quantize-target int4 --quantize-draft int4 "
+                                 "(a .gguf source keeps its own blocks), or run the fp16 pack on a GPU")

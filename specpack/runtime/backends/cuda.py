@@ -1,23 +1,52 @@
-"""The `cuda` backend: ONNX Runtime's CUDA EP with device-resident buffers (issue 8). Registered, not built yet.
+"""The `cuda` backend: ONNX Runtime's CUDA EP with every buffer on the device (docs/cuda_backend.md).
 
-What it will own (docs/architecture.md, "Backends"): every input, output, q and KV cache buffer on the device
-(IOBinding to device OrtValues), the draft step writing q straight into the buffer the verify reads, CUDA
-graphs per step kind, and a KV cache implementing runtime/kv_cache.py's KVCache with device values. Until
-then loading it fails with a SpecpackError that says what is missing.
+    CudaBackend
+      target()  DeviceTarget: verify.onnx; per slot a DeviceStaticKVCache, n_accepted / next_token [1], q scratch
+      draft()   DeviceDraft:  draft_step.onnx (opened on first use); per slot a cache, q [1, k_max, V], token [1]
+
+Everything a graph reads or writes lives on the device and is bound by pointer (IOBinding): the static KV
+cache (written in place), input_ids / position_ids staging buffers (one pair per S for S <= k_max + 1, one
+[1, max_len] pair for longer prefills), the static mask, the sampling inputs, the uniforms, q and the
+outputs. The draft step writes q straight into the rows the verify reads. Per step the host uploads the S
+new ids, their positions and the mask (a few KB), and reads back one token per draft step and n_accepted /
+next_token per verify, never logits.
+
+Two forms of each graph, one session each:
+    greedy     the head's If inlined as its greedy branch (graphs/greedy_form.py): no control flow, so with
+               `enable_cuda_graph` ONNX Runtime captures one CUDA graph per run shape (gpu_graph_id per
+               (slot, S, k)) and replays it: fixed shapes, fixed addresses. Prefills longer than k_max + 1
+               run uncaptured (gpu_graph_id -1): no graph per prompt length. Opened at load.
+    sampling   the graph as exported (the If chooses greedy or sampling; not capturable), opened on the first
+               sampling request: a pack used for both modes holds the weights twice on the device.
+A request's mode (SamplingParams.greedy) picks the session at reset. Needs a pack exported with
+`--kv-cache static`: fp16, or fp32 in the standard attention form. `device="cpu"` runs the same code on
+the CPU EP (tests, no capture).
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from specpack.deploy.manifest import Manifest
+import numpy as np
+
+from specpack import names
+from specpack.deploy.manifest import Manifest, ModelEntry
 from specpack.errors import SpecpackError
-from specpack.runtime.backend import Backend, BackendOptions
+from specpack.limits import numpy_dtype
+from specpack.runtime.backend import BackendOptions
+from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView
+from specpack.runtime.graph_check import check_graph_matches
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 PROVIDER = "CUDAExecutionProvider"
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
 
 
-def load(path: Path, manifest: Manifest, options: BackendOptions) -> Backend:
+def load(path: Path, manifest: Manifest, options: BackendOptions) -> CudaBackend:
     import onnxruntime as ort
 
     available = ort.get_available_providers()
@@ -27,6 +56,303 @@ def load(path: Path, manifest: Manifest, options: BackendOptions) -> Backend:
                             found=f"onnxruntime {ort.__version__} with {', '.join(available)}",
                             hint="install onnxruntime-gpu (instead of onnxruntime) on a machine with an NVIDIA GPU, "
                                  "or use --device cpu")
-    raise SpecpackError("the cuda backend is not implemented in this version of specpack",
-                        expected="device cpu or reference", found=f"device cuda ({PROVIDER} is available)",
-                        hint="use --device cpu")
+    return CudaBackend(path, manifest, options)
+
+
+class DeviceSession:
+    """One ONNX Runtime session over one form of a graph, run through IOBindings, with CUDA graph ids."""
+
+    def __init__(self, model: Path | bytes, folder: Path, entry: ModelEntry, device: str, capture: bool,
+                 threads: int | None) -> None:
+        import onnxruntime as ort
+
+
+        self._ort = ort
+        self.error: str | None = None  # why capture was refused, if it was
+        self.capture = capture
+        self.tf32 = entry.dtype != "fp32"  # fp32 graphs: no TF32 matmuls (use_tf32 = 0)
+        try:
+            self.session = self._open(model, folder, device, capture, threads)
+        except Exception as err:  # onnxruntime raises its own types; e.g. nodes left on the CPU (memcpy)
+            if not capture:
+                raise SpecpackError(f"ONNX Runtime could not load {entry.graph.path} on {device}",
+                                    expected="a valid ONNX graph", found=str(err).splitlines()[0]) from err
+            self.error, self.capture = str(err).splitlines()[0], False
+            self.session = self._open(model, folder, device, False, threads)
+        check_graph_matches(entry.graph, self.session, entry.graph.path)
+        self.input_names = {i.name for i in self.session.get_inputs()}  # e.g. no position_ids (rotary inside)
+        self._graph_ids: dict[tuple[int, ...], int] = {}
+        self._run_options: dict[int, Any] = {}
+
+    def _open(self, model: Path | bytes, folder: Path, device: str, capture: bool, threads: int | None) -> Any:
+        from specpack.runtime.ort_session import session_options
+
+        opts = session_options(threads)
+        opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder))
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device == "cuda":
+            cuda_options = {"enable_cuda_graph": "1" if capture else "0"}
+            if not self.tf32:
+                cuda_options["use_tf32"] = "0"
+            providers.insert(0, (PROVIDER, cuda_options))
+        source = str(model) if isinstance(model, Path) else model
+        return self._ort.InferenceSession(source, sess_options=opts, providers=providers)
+
+    def run(self, binding: Any, key: tuple[int, ...] | None) -> None:
+        """Run; `key` names a fixed-shape, fixed-address run (captured once, then replayed), None one that is not."""
+        graph_id = SKIP_CAPTURE
+        if self.capture and key is not None:
+            graph_id = self._graph_ids.setdefault(key, len(self._graph_ids))
+        options = self._run_options.get(graph_id)
+        if options is None:
+            options = self._run_options[graph_id] = self._ort.RunOptions()
+            options.add_run_config_entry("gpu_graph_id", str(graph_id))
+        self.session.run_with_iobinding(binding, options)
+
+    @property
+    def graphs_captured(self) -> int:
+        return len(self._graph_ids) if self.capture else 0
+
+
+def bind(binding: Any, device: str, inputs: dict[str, DeviceView], outputs: dict[str, DeviceView],
+         wanted: set[str] | None = None) -> None:
+    """Bind by pointer; `wanted`: the graph's inputs (others are skipped), None: all."""
+    for name, v in inputs.items():
+        if wanted is None or name in wanted:
+            binding.bind_input(name, device, 0, v.dtype.type, v.shape, v.ptr)
+    for name, v in outputs.items():
+        binding.bind_output(name, device, 0, v.dtype.type, v.shape, v.ptr)
+
+
+@dataclass
+class _Slot:
+    """One request slot of one model: its cache, staging buffers, sampling inputs and cached bindings."""
+
+    cache: DeviceStaticKVCache
+    sampling: dict[str, DeviceArray]                              # temperature, top_k, top_p [1] each
+    ids: dict[int, DeviceArray] = field(default_factory=dict)     # S -> input_ids [1, S] (S <= k_max + 1)
+    positions: dict[int, DeviceArray] = field(default_factory=dict)  # S -> position_ids [1, S]
+    bindings: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # (greedy, S, k) -> IOBinding, bound once
+    greedy: bool = True
+
+
+class _DeviceModel:
+    """What both models share: per slot a device cache and staging buffers; bind once per run shape, run."""
+
+    def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
+        self.backend, self.entry, self.device = backend, entry, backend.device
+        m = backend.manifest
+        self.short_max = m.k_max + 1  # runs over at most this many tokens have a buffer (and a graph) per S
+        self.vocab = m.vocab_size
+        self.slots = [self._slot() for _ in range(backend.options.slots)]
+        self._long_host = np.zeros((2, 1, m.max_len), np.int64)  # [ids | positions, 1, max_len]: long prefills
+        self._long = [DeviceArray((1, m.max_len), np.int64, self.device) for _ in range(2)]
+        self._sessions: dict[bool, DeviceSession] = {}
+        self._lock = threading.Lock()
+
+    def _slot(self) -> _Slot:
+        e, m = self.entry, self.backend.manifest
+        cache = DeviceStaticKVCache(e.num_layers, e.kv_heads, e.head_dim, m.max_len, numpy_dtype(e.dtype), self.device)
+        sampling = {names.TEMPERATURE: DeviceArray((1,), np.float32, self.device),
+                    names.TOP_K: DeviceArray((1,), np.int64, self.device),
+                    names.TOP_P: DeviceArray((1,), np.float32, self.device)}
+        return _Slot(cache, sampling)
+
+    def session(self, greedy: bool) -> DeviceSession:
+        """The greedy form (captured graphs) or the graph as exported (sampling), opened on first use."""
+        if greedy not in self._sessions:
+            with self._lock:
+                if greedy not in self._sessions:
+                    self._sessions[greedy] = self.backend.open_session(self.entry, greedy)
+        return self._sessions[greedy]
+
+    def reset(self, state: DecodeState) -> None:
+        slot = self.slots[state.slot]
+        slot.cache.reset()
+        slot.greedy = state.params.greedy
+        for name, array in state.sampling_inputs.items():  # [1] each, once per request
+            slot.sampling[name].write(array)
+        self.session(slot.greedy)
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        cache = self.slots[state.slot].cache
+        cache.rollback(min(length, cache.length))
+
+    def _staging(self, slot: _Slot, n: int) -> tuple[DeviceArray, DeviceArray]:
+        if n not in slot.ids:
+            slot.ids[n] = DeviceArray((1, n), np.int64, self.device)
+            slot.positions[n] = DeviceArray((1, n), np.int64, self.device)
+        return slot.ids[n], slot.positions[n]
+
+    def _run(self, state: DecodeState, end: int, key: tuple[int, ...], inputs: dict[str, DeviceView],
+             outputs: dict[str, DeviceView]) -> None:
+        """Run over state.ids[cached:end]. `inputs` / `outputs`: the head's buffers, at fixed addresses for a
+        greedy run (bound once per run shape), rebound every run when sampling."""
+        slot = self.slots[state.slot]
+        cache, session = slot.cache, self.session(slot.greedy)
+        start = cache.length
+        n = end - start
+        kv_inputs = cache.bind_inputs(n)  # uploads the mask when the length changed
+        if n <= self.short_max:
+            ids, positions = self._staging(slot, n)
+            ids.write(state.ids[None, start:end])                          # [1, S]
+            positions.write(self.backend.positions[:, start:end])          # [1, S]
+            bkey = (slot.greedy, n, *key)
+            binding = slot.bindings.get(bkey)
+            if binding is None:
+                binding = slot.bindings[bkey] = session.session.io_binding()
+                bind(binding, self.device, {names.INPUT_IDS: ids.view(), names.POSITION_IDS: positions.view(),
+                                            **kv_inputs, **{k: v.view() for k, v in slot.sampling.items()}},
+                     cache.bind_outputs(n), session.input_names)
+                bind(binding, self.device, inputs, outputs, session.input_names)
+            elif not slot.greedy:
+                bind(binding, self.device, inputs, outputs, session.input_names)
+            session.run(binding, (state.slot, n, *key) if slot.greedy else None)
+        else:  # a long prefill: a prefix of the [1, max_len] buffers, uncaptured
+            self._long_host[0, 0, :n] = state.ids[start:end]
+            self._long_host[1, 0, :n] = self.backend.positions[0, start:end]
+            for buffer, host in zip(self._long, self._long_host, strict=True):
+                buffer.write(host)
+            binding = session.session.io_binding()
+            bind(binding, self.device, {names.INPUT_IDS: self._long[0].view((1, n)),
+                                        names.POSITION_IDS: self._long[1].view((1, n)),
+                                        **kv_inputs, **{k: v.view() for k, v in slot.sampling.items()}, **inputs},
+                 {**cache.bind_outputs(n), **outputs}, session.input_names)
+            session.run(binding, None)
+        cache.advance(n)
+
+
+class DeviceDraft(_DeviceModel):
+    """draft_step.onnx: S new tokens in, one drawn token (read back) and its q (left on the device) out."""
+
+    def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
+        super().__init__(backend, entry)
+        k_max = backend.manifest.k_max
+        self._q = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]  # [1, k_max, V]
+        self._token = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]               # [1]
+        self._uniform = [DeviceArray((1,), np.float32, self.device) for _ in self.slots]           # [1]
+
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        slot, q, uniform = self.slots[state.slot], self._q[state.slot], self._uniform[state.slot]
+        if not slot.greedy:
+            uniform.write(state.uniforms.draft[row : row + 1])
+        # greedy: one fixed row (a captured graph keeps its addresses); the greedy verify never reads q
+        probs = q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab)  # [1, V]
+        self._run(state, end, (), {names.UNIFORM: uniform.view()},
+                  {names.TOKEN: self._token[state.slot].view(), names.PROBS: probs})
+        return int(self._token[state.slot].read()[0])
+
+    def q(self, state: DecodeState, k: int) -> DeviceView:
+        return self._q[state.slot].view((1, k, self.vocab))  # [1, k, V] on the device
+
+
+class DeviceTarget(_DeviceModel):
+    """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token read back."""
+
+    def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
+        super().__init__(backend, entry)
+        k_max = backend.manifest.k_max
+        # q the greedy form binds (it never reads it), and one-hot q of deterministic proposals when sampling
+        self._q_scratch = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]
+        self._one_hot = np.zeros(0, np.float32)  # host [1, k_max, V], allocated on first use
+        self._uniforms = [{k: DeviceArray((1, k + 1), np.float32, self.device) for k in range(k_max + 1)}
+                          for _ in self.slots]  # k -> [1, k + 1]
+        self._n = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
+        self._next = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
+
+    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
+        k, i = proposal.k, state.slot
+        slot, uniforms = self.slots[i], self._uniforms[i][k]
+        q: DeviceView = self._q_scratch[i].view((1, k, self.vocab))  # [1, k, V]
+        if not slot.greedy:
+            uniforms.write(state.uniforms.verify[:, : k + 1])
+            if k:
+                q = proposal.q if proposal.q is not None else self._upload_one_hot(i, proposal)
+        self._run(state, state.length + k, (k,), {names.DRAFT_PROBS: q, names.UNIFORMS: uniforms.view()},
+                  {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view()})
+        n = int(self._n[i].read()[0])
+        self.rollback(state, state.length + n)  # the rejected drafts leave the cache: a length update
+        return VerifyResult(n, int(self._next[i].read()[0]))
+
+    def _upload_one_hot(self, slot: int, proposal: Proposal) -> DeviceView:
+        """A deterministic proposal's q (one-hot rows on its tokens), uploaded into the slot's scratch."""
+        k_max = self.backend.manifest.k_max
+        if not self._one_hot.size:
+            self._one_hot = np.zeros((1, k_max, self.vocab), np.float32)
+        rows = np.arange(proposal.k)
+        self._one_hot[0, rows, proposal.tokens] = 1.0
+        try:
+            self._q_scratch[slot].write(self._one_hot)
+        finally:
+            self._one_hot[0, rows, proposal.tokens] = 0.0
+        return self._q_scratch[slot].view((1, proposal.k, self.vocab))
+
+
+class CudaBackend:
+    """Both models on one ONNX Runtime device, every buffer there; the draft opens on first use."""
+
+    name = "cuda"
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions, *, device: str = "cuda",
+                 cuda_graphs: bool = True) -> None:
+        """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs)."""
+        for entry, label in ((manifest.target, "target"), (manifest.draft, "draft")):
+            if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
+                raise SpecpackError("the cuda backend needs graphs with the static KV cache, fp32 or fp16",
+                                    expected="a pack exported with --kv-cache static --dtype fp16 (or fp32)",
+                                    found=f"{label}: {entry.graph.kv_cache} KV cache, {entry.dtype}",
+                                    hint="re-export with spec-export --kv-cache static --dtype fp16")
+            if device == "cuda" and entry.dtype == "fp32" and entry.graph.attention == "gqa":
+                # measured on an H200: ONNX Runtime runs this GroupQueryAttention on the CPU (Memcpy nodes around
+                # the key cache), the cache is no longer shared in place, and greedy drafts change the output
+                raise SpecpackError("the cuda backend cannot run fp32 GroupQueryAttention graphs",
+                                    expected="--dtype fp16 with --attention gqa, or fp32 with --attention standard",
+                                    found=f"{label}: fp32, gqa attention",
+                                    hint="re-export with spec-export --kv-cache static --dtype fp16")
+        self.path, self.manifest, self.options, self.device = path, manifest, options, device
+        self.cuda_graphs = cuda_graphs and device == "cuda"
+        width = manifest.max_len + manifest.k_max + 1
+        self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
+        self._target = DeviceTarget(self, manifest.target)
+        self._target.session(True)  # the greedy form opens at load
+        self._draft: DeviceDraft | None = None
+        self._draft_lock = threading.Lock()
+
+    @property
+    def draft_loaded(self) -> bool:
+        return self._draft is not None
+
+    def target(self) -> DeviceTarget:
+        return self._target
+
+    def draft(self) -> DeviceDraft:
+        if self._draft is None:
+            with self._draft_lock:
+                if self._draft is None:
+                    self._draft = DeviceDraft(self, self.manifest.draft)
+        return self._draft
+
+    def open_session(self, entry: ModelEntry, greedy: bool) -> DeviceSession:
+        """The greedy form (If inlined, captured where the EP allows) or the graph as exported."""
+        graph_path = self.path / entry.graph.path
+        model: Path | bytes = graph_path
+        if greedy:
+            from specpack.graphs.greedy_form import greedy_form  # needs onnx: the device extra
+
+            model = greedy_form(graph_path)
+        return DeviceSession(model, graph_path.parent, entry, self.device, greedy and self.cuda_graphs,
+                             self.options.threads)
+
+    def capture_report(self) -> dict[str, Any]:
+        """Whether each opened greedy session captures CUDA graphs, how many, and why not."""
+        models = {"target": self._target, "draft": self._draft}
+        return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
+                for label, model in models.items() if model is not None
+                for s in [model._sessions.get(True)] if s is not None}
+
+    def close(self) -> None:
+        for model in (self._target, self._draft):
+            if model is not None:
+                for slot in model.slots:
+                    slot.bindings.clear()
+                model._sessions.clear()

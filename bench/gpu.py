@@ -1,0 +1,570 @@
+"""The GPU benchmark: the cuda backend's step times at Qwen2.5 shapes (random weights), and the real pair end to end.
+
+    python bench/gpu.py --work /tmp/gpuwork --tokenizer DIR --json bench/results/gpu-CARD.json [--phases ...]
+
+Phases (each writes its part of the JSON as soon as it ends; a failing phase records its error and the next runs):
+    card      the card's name (as the GPU reports it), driver, ONNX Runtime version, device-to-device copy
+              bandwidth through torch (bytes read + written over time, median of 20 copies of 4 GiB)
+    shapes    random-weight Qwen2.5 models at the 0.5B / 1.5B / 7B shapes (fp16), exported as packs with the
+              static KV cache (GroupQueryAttention), draft 0.5B; per target: autoregressive step, draft step,
+              verify for k = 1..8 (bench/timing.py through the cuda backend), CUDA graphs on and off; c, v(k);
+              bandwidth_fraction = weight bytes read per step / step time / copy bandwidth
+    real      the real pair (GGUF, --draft-gguf / --target-gguf) exported fp16 static, `specpack bench` on
+              4 HumanEval + 4 MT-bench prompts (--prompts), 128 new tokens, greedy, through the cuda backend,
+              with NVML energy per token; speedup, predicted_speedup, tokens/s
+Time depends on the shapes, not on the weight values: acceptance comes from the real pair.
+The tokenizer directory (--tokenizer) gives the random models a real vocabulary (Qwen2.5's, 151,936 rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+SHAPES: dict[str, dict[str, Any]] = {  # Qwen2.5 configs (the 7B's vocabulary is 152,064; 151,936 here, as the draft's)
+    "0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+             "intermediate_size": 4864, "tie_word_embeddings": True},
+    "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960, "tie_word_embeddings": True},
+    "7b": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+           "intermediate_size": 18944, "tie_word_embeddings": False},
+}
+VOCAB = 151936
+MAX_LEN = 1024
+K_MAX = 8
+CONTEXT = 128
+
+
+def log(*args: object) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *args, file=sys.stderr, flush=True)
+
+
+def card() -> dict[str, Any]:
+    import onnxruntime as ort
+    import torch
+
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit",
+                          "--format=csv,noheader"], capture_output=True, text=True).stdout.strip()
+    n = 1 << 30  # 1 GiB of fp32 = 4 GiB
+    src, dst = torch.randn(n, device="cuda"), torch.empty(n, device="cuda")
+    times = []
+    for i in range(25):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        if i >= 5:
+            times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    copy_s = statistics.median(times)
+    return {"device": torch.cuda.get_device_name(0), "nvidia_smi": smi, "onnxruntime": ort.__version__,
+            "providers": ort.get_available_providers(), "torch": torch.__version__,
+            "copy_bandwidth_gb_s": 2 * 4 * n / copy_s / 1e9}
+
+
+def make_model(shape: str, out: Path, tokenizer: Path) -> dict[str, Any]:
+    """A random fp16 Qwen2 model at `shape`, saved with the real tokenizer; -> its weight bytes read per step."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    s = SHAPES[shape]
+    config = Qwen2Config(vocab_size=VOCAB, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+                         eos_token_id=151645, bos_token_id=151643, **s)
+    if not (out / "config.json").exists():
+        torch.manual_seed(0)
+        with torch.device("cuda"):
+            model = AutoModelForCausalLM.from_config(config, dtype=torch.float16)
+        model.generation_config.eos_token_id = [151645, 151643]
+        model.save_pretrained(out)
+        del model
+        torch.cuda.empty_cache()
+        for f in tokenizer.iterdir():
+            shutil.copy(f, out / f.name)
+    return {"weight_bytes_read_per_step": make_model_bytes(s)}
+
+
+def export(draft: Path, target: Path, out: Path) -> float:
+    if (out / "manifest.json").exists():
+        return 0.0
+    t0 = time.perf_counter()
+    from specpack.export.config import ExportConfig
+    from specpack.export.pipeline import export_pack
+
+    export_pack(str(draft), str(target), out, ExportConfig(k=K_MAX, max_len=MAX_LEN, dtype="fp16", kv_cache="static",
+                                                           attention="gqa", isolate=False))
+    return time.perf_counter() - t0
+
+
+def open_pack(path: Path, cuda_graphs: bool) -> Any:
+    from specpack.deploy.manifest import Manifest
+    from specpack.runtime.backend import BackendOptions
+    from specpack.runtime.backends.cuda import CudaBackend
+    from specpack.runtime.pack import Pack
+    from specpack.runtime.tokenizer import PackTokenizer
+
+    manifest = Manifest.read(path)
+    backend = CudaBackend(path, manifest, BackendOptions(), cuda_graphs=cuda_graphs)
+    return Pack(path, manifest, PackTokenizer.load(path / "tokenizer"), backend)
+
+
+def step_costs(pack_dir: Path, cuda_graphs: bool, reps: int) -> dict[str, Any]:
+    from specpack.bench.timing import measure_step_costs
+
+    pack = open_pack(pack_dir, cuda_graphs)
+    filler = np.random.default_rng(0).integers(0, 150000, 512).tolist()
+    measure_step_costs(pack, list(range(1, K_MAX + 1)), CONTEXT, filler, reps=3, warmup=2)  # capture, warm up
+    costs = measure_step_costs(pack, list(range(1, K_MAX + 1)), CONTEXT, filler, reps=reps, warmup=3)
+    out = costs.to_dict()
+    out["capture"] = pack.backend.capture_report()
+    pack.close()
+    return out
+
+
+def phase_shapes(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    work = Path(args.work)
+    copy_bw = result.get("card", {}).get("copy_bandwidth_gb_s")
+    models = {}
+    for shape in ["0.5b", *args.targets]:
+        t0 = time.perf_counter()
+        models[shape] = make_model(shape, work / f"random-{shape}", Path(args.tokenizer))
+        log(f"model {shape}: {time.perf_counter() - t0:.0f} s")
+    shapes = result.setdefault("shapes", {})
+    for shape in args.targets:
+        pack_dir = work / f"pack-0.5b-{shape}"
+        entry: dict[str, Any] = shapes.setdefault(shape, {"target": models[shape], "draft": models["0.5b"]})
+        entry["export_s"] = export(work / "random-0.5b", work / f"random-{shape}", pack_dir)
+        log(f"pack 0.5b/{shape} exported in {entry['export_s']:.0f} s")
+        for graphs in (True, False):
+            label = "cuda_graphs" if graphs else "no_cuda_graphs"
+            try:
+                costs = step_costs(pack_dir, graphs, args.reps)
+            except Exception as err:
+                entry[label] = {"error": repr(err), "traceback": traceback.format_exc()[-2000:]}
+                log(f"{shape} {label}: {err!r}")
+                continue
+            if copy_bw:
+                step_s = costs["target_step_ms"] / 1e3
+                costs["bandwidth_fraction"] = models[shape]["weight_bytes_read_per_step"] / step_s / (copy_bw * 1e9)
+                costs["draft_bandwidth_fraction"] = (models["0.5b"]["weight_bytes_read_per_step"]
+                                                     / (costs["draft_step_ms"] / 1e3) / (copy_bw * 1e9))
+            entry[label] = costs
+            log(f"{shape} {label}: target {costs['target_step_ms']:.3f} ms, draft {costs['draft_step_ms']:.3f} ms, "
+                f"c {costs['c']:.3f}, v {json.dumps({k: round(x, 3) for k, x in costs['v'].items()})}")
+            write(args, result)
+
+
+def time_bare(model: Path | bytes, folder: Path, layers: int, kv_heads: int, head_dim: int, seq: int, k: int | None,
+              capture: bool, reps: int) -> float:
+    """Median ms of one bare run_with_iobinding of a static-cache graph over `seq` tokens after CONTEXT, every
+    buffer on the device and bound once (a captured CUDA graph replayed when `capture`). k None: a plain graph
+    (logits out); k: our verify graph (greedy form), k drafts."""
+    import onnxruntime as ort
+
+    from specpack import names
+    from specpack.runtime.backends.cuda import EXTERNAL_DATA_FOLDER, bind
+    from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache
+
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder))
+    opts.log_severity_level = 3
+    provider = ("CUDAExecutionProvider", {"enable_cuda_graph": "1" if capture else "0"})
+    session = ort.InferenceSession(str(model) if isinstance(model, Path) else model, opts, providers=[provider])
+    wanted = {i.name for i in session.get_inputs()}
+    cache = DeviceStaticKVCache(layers, kv_heads, head_dim, MAX_LEN, np.float16, "cuda")
+    cache.length = CONTEXT
+    rng = np.random.default_rng(0)
+    ids = DeviceArray((1, seq), np.int64, "cuda")
+    ids.write(rng.integers(0, 150000, (1, seq)))
+    positions = DeviceArray((1, seq), np.int64, "cuda")
+    positions.write(np.arange(CONTEXT, CONTEXT + seq, dtype=np.int64)[None])
+    inputs = {names.INPUT_IDS: ids.view(), names.POSITION_IDS: positions.view(), **cache.bind_inputs(seq)}
+    keep: list[DeviceArray] = []
+    if k is None:
+        out = DeviceArray((1, seq, VOCAB), np.float16, "cuda")
+        outputs = {names.LOGITS: out.view()}
+        keep.append(out)
+    else:
+        extra = {names.DRAFT_PROBS: DeviceArray((1, k, VOCAB), np.float32, "cuda"),
+                 names.UNIFORMS: DeviceArray((1, k + 1), np.float32, "cuda"),
+                 names.TEMPERATURE: DeviceArray((1,), np.float32, "cuda"),
+                 names.TOP_K: DeviceArray((1,), np.int64, "cuda"), names.TOP_P: DeviceArray((1,), np.float32, "cuda")}
+        extra[names.TOP_P].write(np.ones(1, np.float32))
+        res = {names.N_ACCEPTED: DeviceArray((1,), np.int64, "cuda"), names.NEXT_TOKEN: DeviceArray((1,), np.int64, "cuda")}
+        inputs.update({n: a.view() for n, a in extra.items()})
+        outputs = {n: a.view() for n, a in res.items()}
+        keep += [*extra.values(), *res.values()]
+    binding = session.io_binding()
+    bind(binding, "cuda", {n: v for n, v in inputs.items() if n in wanted}, {**cache.bind_outputs(seq), **outputs})
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", "1" if capture else "-1")
+    times = []
+    for i in range(reps + 5):
+        t0 = time.perf_counter()
+        session.run_with_iobinding(binding, options)
+        if i >= 5:
+            times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times)
+
+
+def phase_builder(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """onnxruntime-genai's model builder graph (fp16, cuda: GroupQueryAttention with its rotary, fused layer norms)
+    against our torch export of the same real 1.5B target (phase genai builds it), bare step times with every
+    buffer on the device, CUDA graphs on and off. Ours is the verify graph (greedy form: + the head)."""
+    from specpack.graphs.greedy_form import greedy_form
+
+    work = Path(args.work)
+    s = SHAPES["1.5b"]
+    geometry = (s["num_hidden_layers"], s["num_key_value_heads"], s["hidden_size"] // s["num_attention_heads"])
+    genai, pack = work / "genai-real-target", work / "pack-real"
+    ours = greedy_form(pack / "verify.onnx")
+    entry = result.setdefault("builder", {})
+    for capture in (True, False):
+        label = "cuda_graphs" if capture else "no_cuda_graphs"
+        times: dict[str, float] = {}
+        for seq in (1, 5):
+            times[f"genai_S{seq}_ms"] = time_bare(genai / "model.onnx", genai, *geometry, seq, None, capture, args.reps)
+            times[f"ours_S{seq}_ms"] = time_bare(ours, pack, *geometry, seq, seq - 1, capture, args.reps)
+        entry[label] = times
+        log(f"builder 1.5b {label}: {times}")
+        write(args, result)
+
+
+def real_prompts(args: argparse.Namespace) -> list[Any]:
+    """4 HumanEval (plain completion) + 4 MT-bench (first turn, chat template, the first 4 categories)."""
+    from specpack.bench.prompts import read_prompts
+
+    humaneval = [p for p in args.prompts if "HumanEval" in p]
+    mtbench = [p for p in args.prompts if "mt_bench" in p]
+    return read_prompts(humaneval, 4)[:4] + read_prompts(mtbench, 1)[:4]
+
+
+def phase_real(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Our pack on the real pair: autoregressive (k = 0) and speculative (k = args.k) per prompt, energy each."""
+    from specpack.deploy.manifest import Manifest
+
+    work = Path(args.work)
+    pack_dir = work / "pack-real"
+    real = result.setdefault("real", {})
+    real["export_s"] = export(Path(args.draft_gguf), Path(args.target_gguf), pack_dir)
+    log(f"real pack exported in {real['export_s']:.0f} s")
+    decode_real(open_pack(pack_dir, True), args, real)
+    real["source_dirs"] = {role: getattr(Manifest.read(pack_dir), role).source.resolved for role in ("draft", "target")}
+
+
+def decode_real(pack: Any, args: argparse.Namespace, into: dict[str, Any]) -> None:
+    """c, v(k) at 256 tokens of context, then each prompt autoregressive (k = 0) and speculative (k), energy each."""
+    import gc
+
+    from specpack.bench.timing import measure_step_costs
+
+    k = int(args.k)
+    prompts = real_prompts(args)
+    encoded = [(p, pack.encode(p.text, chat=p.chat)) for p in prompts]
+    pack.generate(encoded[0][1], 16, k=k)  # warm up: capture the graphs
+    pack.generate(encoded[0][1], 16, k=0)
+    costs = measure_step_costs(pack, [k], 256, encoded[0][1], reps=30).to_dict()
+    into["costs"] = costs
+    rows = []
+    for prompt, ids in encoded:
+        row: dict[str, Any] = {"id": prompt.id, "prompt_tokens": len(ids)}
+        for label, kk in (("ar", 0), ("spec", k)):
+            with Energy() as energy:
+                out = pack.generate(ids, 128, k=kk)
+            row[label] = {"tokens": out.tokens, "stats": out.stats, "joules": energy.joules}
+        row["identical"] = row["ar"]["tokens"] == row["spec"]["tokens"]
+        rows.append(row)
+        log(f"{prompt.id}: ar {row['ar']['stats']['new_tokens']} tok, spec alpha {row['spec']['stats'].get('alpha')}, "
+            f"identical {row['identical']}")
+    into["prompts"] = rows
+    into["summary"] = summarize(rows, costs, k)
+    into["capture"] = pack.backend.capture_report()
+    log(json.dumps(into["summary"]))
+    pack.close()
+    del pack
+    gc.collect()
+
+
+def phase_genai_pack(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Our heads on onnxruntime-genai's model builder graphs (bench/genai_pack.py), through the cuda backend."""
+    import shutil
+
+    from specpack.export.sources import resolve_source
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from genai_pack import genai_pack, open_genai_pack
+
+    work = Path(args.work)
+    entry = result.setdefault("genai_pack", {})
+    built = {}
+    for role, gguf in (("target", args.target_gguf), ("draft", args.draft_gguf)):
+        out = work / f"genai-real-{role}"
+        if not (out / "genai_config.json").exists():
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(resolve_source(gguf)),
+                            "-o", str(out), "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")], check=True,
+                           stdout=subprocess.DEVNULL)
+            entry[f"build_{role}_s"] = time.perf_counter() - t0
+        built[role] = out
+    pack_dir = work / "pack-genai"
+    shutil.rmtree(pack_dir, ignore_errors=True)
+    manifest = genai_pack(Path(args.src_pack), built["target"], built["draft"], pack_dir)
+    log("genai pack written")
+    decode_real(open_genai_pack(pack_dir, manifest), args, entry)
+
+
+def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], k: int) -> dict[str, Any]:
+    def rate(label: str, subset: list[dict[str, Any]]) -> float:
+        tokens = sum(r[label]["stats"]["new_tokens"] - 1 for r in subset)
+        return tokens / sum(r[label]["stats"]["decode_s"] for r in subset)
+
+    out: dict[str, Any] = {}
+    for name, subset in (("all", rows), ("humaneval", [r for r in rows if r["id"].startswith("HumanEval")]),
+                         ("mtbench", [r for r in rows if not r["id"].startswith("HumanEval")])):
+        proposed = sum(r["spec"]["stats"]["proposed"] for r in subset)
+        accepted = sum(r["spec"]["stats"]["accepted"] for r in subset)
+        steps = sum(r["spec"]["stats"]["steps"] for r in subset)
+        tau = (accepted + steps) / steps if steps else 0.0  # stats.py: tokens per verify step
+        ar, spec = rate("ar", subset), rate("spec", subset)
+        out[name] = {"ar_tokens_per_s": ar, "spec_tokens_per_s": spec, "speedup": spec / ar,
+                     "alpha": accepted / proposed if proposed else 0.0, "tau": tau,
+                     "predicted_speedup": tau / (k * costs["c"] + costs["v"][str(k)]),
+                     "identical": f"{sum(r['identical'] for r in subset)}/{len(subset)}",
+                     "ar_joules_per_token": sum(r["ar"]["joules"] for r in subset)
+                     / sum(r["ar"]["stats"]["new_tokens"] for r in subset),
+                     "spec_joules_per_token": sum(r["spec"]["joules"] for r in subset)
+                     / sum(r["spec"]["stats"]["new_tokens"] for r in subset)}
+    return out
+
+
+def phase_hf(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """transformers bf16 on the GPU: generate (hf-ar) and assisted generation with the draft (hf-assisted)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specpack.runtime.tokenizer import PackTokenizer
+
+    real = result["real"]
+    dirs = real["source_dirs"]
+    tokenizer = PackTokenizer.load(Path(args.work) / "pack-real" / "tokenizer")
+    prompts = [(p, tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)) for p in real_prompts(args)]
+    target = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.bfloat16).to("cuda").eval()
+    draft = AutoModelForCausalLM.from_pretrained(dirs["draft"], dtype=torch.bfloat16).to("cuda").eval()
+    eos = [151645, 151643]
+    peers: dict[str, Any] = {}
+    for name, extra in (("hf-ar", {}), ("hf-assisted", {"assistant_model": draft})):
+        rows = []
+        for prompt, ids in prompts:
+            x = torch.tensor([ids], device="cuda")
+            kwargs = {"attention_mask": torch.ones_like(x), "do_sample": False, "eos_token_id": eos,
+                      "pad_token_id": eos[0], **extra}
+            target.generate(x, max_new_tokens=4, **kwargs)  # warm up
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            target.generate(x, max_new_tokens=1, **kwargs)
+            torch.cuda.synchronize()
+            first = time.perf_counter() - t0
+            with Energy() as energy:
+                t0 = time.perf_counter()
+                out = target.generate(x, max_new_tokens=128, **kwargs)
+                torch.cuda.synchronize()
+                total = time.perf_counter() - t0
+            tokens = out[0, len(ids) :].tolist()
+            rows.append({"id": prompt.id, "tokens": tokens, "decode_s": max(total - first, 1e-9), "joules": energy.joules})
+        decoded = sum(len(r["tokens"]) - 1 for r in rows)
+        peers[name] = {"tokens_per_s": decoded / sum(r["decode_s"] for r in rows),
+                       "joules_per_token": sum(r["joules"] for r in rows) / sum(len(r["tokens"]) for r in rows),
+                       "prompts": rows}
+        log(f"{name}: {peers[name]['tokens_per_s']:.1f} tok/s")
+    real.setdefault("peers", {}).update(peers)
+
+
+def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """onnxruntime-genai 0.18 (model builder fp16 cuda graphs) on the same prompts: autoregressive with and without
+    CUDA graphs (onnxruntime-genai-ar), and its speculative mode with the draft (onnxruntime-genai-spec)."""
+    import onnxruntime_genai as og
+
+    from specpack.runtime.tokenizer import PackTokenizer
+
+    real, work = result["real"], Path(args.work)
+    built = {}
+    for role, src in real["source_dirs"].items():
+        out = work / f"genai-real-{role}"
+        if not (out / "genai_config.json").exists():
+            subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", src, "-o", str(out),
+                            "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")], check=True,
+                           stdout=subprocess.DEVNULL)
+        built[role] = out
+    tokenizer = PackTokenizer.load(work / "pack-real" / "tokenizer")
+    prompts = [(p, tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)) for p in real_prompts(args)]
+    peers = real.setdefault("peers", {})
+
+    def run(name: str, make_model: Any, search: dict[str, Any]) -> None:
+        try:
+            model = make_model()
+            rows = []
+            for prompt, ids in [prompts[0], *prompts]:  # the first one twice: warm-up (graph capture)
+                params = og.GeneratorParams(model)
+                params.set_search_options(max_length=MAX_LEN, do_sample=False, **search)
+                with Energy() as energy:
+                    gen = og.Generator(model, params)
+                    gen.append_tokens(ids)
+                    gen.generate_next_token()
+                    t_first = time.perf_counter()
+                    n = 1
+                    while not gen.is_done() and n < 128:
+                        gen.generate_next_token()
+                        n += 1
+                    decode_s = time.perf_counter() - t_first
+                tokens = [int(t) for t in gen.get_sequence(0)][len(ids) :]
+                rows.append({"id": prompt.id, "tokens": tokens, "decode_s": decode_s, "joules": energy.joules})
+                del gen
+            rows = rows[1:]
+            decoded = sum(len(r["tokens"]) - 1 for r in rows)
+            peers[name] = {"tokens_per_s": decoded / sum(r["decode_s"] for r in rows),
+                           "joules_per_token": sum(r["joules"] for r in rows) / sum(len(r["tokens"]) for r in rows),
+                           "prompts": rows}
+            log(f"{name}: {peers[name]['tokens_per_s']:.1f} tok/s")
+        except Exception as err:
+            peers[name] = {"error": repr(err)}
+            log(f"{name}: {err!r}")
+
+    def with_graphs(path: Path, graphs: bool) -> Any:
+        config = og.Config(str(path))
+        config.clear_providers()
+        config.append_provider("cuda")
+        config.set_provider_option("cuda", "enable_cuda_graph", "1" if graphs else "0")
+        return og.Model(config)
+
+    if not args.spec_only:
+        run("onnxruntime-genai-ar-no-graphs", lambda: with_graphs(built["target"], False), {})
+        run("onnxruntime-genai-ar", lambda: with_graphs(built["target"], True), {})
+    spec = work / "genai-real-spec"  # the target's folder with the draft beside it (model.draft in genai_config)
+    if not (spec / "draft.onnx").exists() or args.rebuild_spec:
+        import shutil
+
+        shutil.rmtree(spec, ignore_errors=True)
+        shutil.copytree(built["target"], spec)
+        for f in built["draft"].iterdir():
+            if f.name.startswith("model.onnx"):
+                shutil.copy(f, spec / f.name.replace("model", "draft"))
+        config = json.loads((spec / "genai_config.json").read_text())
+        draft_config = json.loads((built["draft"] / "genai_config.json").read_text())
+        draft = dict(draft_config["model"]["decoder"], filename="draft.onnx")
+        draft["session_options"] = config["model"]["decoder"]["session_options"]  # the same EP as the target
+        config["model"]["draft"] = draft
+        (spec / "genai_config.json").write_text(json.dumps(config, indent=2))
+    run("onnxruntime-genai-spec", lambda: with_graphs(spec, True), {"speculative.max_draft_tokens": int(args.k)})
+
+
+def phase_summary(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The issue's top-level fields from the phases' results (real pair: all 8 prompts, k = args.k)."""
+    real, card_info = result.get("real", {}), result.get("card", {})
+    summary = real.get("summary", {}).get("all", {})
+    costs = real.get("costs", {})
+    peers = real.get("peers", {})
+    step_s = costs.get("target_step_ms", 0.0) / 1e3
+    read = SHAPES["1.5b"]
+    bytes_read = make_model_bytes(read)
+    bandwidth = card_info.get("copy_bandwidth_gb_s", 0.0) * 1e9
+    result.update({
+        "device": card_info.get("device"),
+        "speedup": summary.get("speedup"),
+        "predicted_speedup": summary.get("predicted_speedup"),
+        "spec_tokens_per_s": summary.get("spec_tokens_per_s"),
+        "ar_tokens_per_s": summary.get("ar_tokens_per_s"),
+        "bandwidth_fraction": bytes_read / step_s / bandwidth if step_s and bandwidth else None,
+        "joules_per_token": {"spec": summary.get("spec_joules_per_token"), "ar": summary.get("ar_joules_per_token"),
+                             **{name: peer.get("joules_per_token") for name, peer in peers.items()}},
+        "peers": {name: peer.get("tokens_per_s") for name, peer in peers.items()},
+    })
+    seven = result.get("shapes", {}).get("7b", {}).get("cuda_graphs")
+    if seven and summary:
+        k = int(args.k)
+        result["predicted_speedup_0.5b_draft_7b_target"] = {
+            name: part["tau"] / (k * seven["c"] + seven["v"][str(k)])
+            for name, part in real["summary"].items()}
+
+
+def make_model_bytes(shape: dict[str, Any]) -> int:
+    """Weight bytes (fp16) a step reads: every weight, the embedding table only when it is tied to the lm_head."""
+    h, v = shape["hidden_size"], VOCAB
+    kv = shape["num_key_value_heads"] * (h // shape["num_attention_heads"])
+    per_layer = h * (h + 2 * kv) + (h + 2 * kv) + h * h + 3 * h * shape["intermediate_size"] + 2 * h
+    params = shape["num_hidden_layers"] * per_layer + h + v * h * (1 if shape["tie_word_embeddings"] else 2)
+    return 2 * (params - (0 if shape["tie_word_embeddings"] else v * h))
+
+
+class Energy:
+    """The GPU's energy counter (NVML, millijoules) over a block."""
+
+    def __enter__(self) -> Energy:
+        import pynvml
+
+        pynvml.nvmlInit()
+        self._nvml = pynvml
+        self._handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        self._start = pynvml.nvmlDeviceGetTotalEnergyConsumption(self._handle)
+        self.joules = 0.0
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.joules = (self._nvml.nvmlDeviceGetTotalEnergyConsumption(self._handle) - self._start) / 1e3
+
+
+def write(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--tokenizer", help="a Qwen2.5 tokenizer directory (tokenizer.json, tokenizer_config.json)")
+    parser.add_argument("--phases", default="card,shapes,real,hf,genai,builder,summary")
+    parser.add_argument("--targets", nargs="+", default=["1.5b", "7b"])
+    parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--draft-gguf")
+    parser.add_argument("--target-gguf")
+    parser.add_argument("--prompts", nargs="*", default=[])
+    parser.add_argument("--limit", type=int, default=4)
+    parser.add_argument("--k", default="4")
+    parser.add_argument("--src-pack", help="genai_pack phase: a pack of the pair (manifest and tokenizer are read)")
+    parser.add_argument("--spec-only", action="store_true", help="genai phase: its speculative mode alone")
+    parser.add_argument("--rebuild-spec", action="store_true", help="rewrite the genai speculative folder's config")
+    args = parser.parse_args()
+    result: dict[str, Any] = json.loads(Path(args.json).read_text()) if Path(args.json).exists() else {}
+    phases = {"card": lambda: result.__setitem__("card", card()), "shapes": lambda: phase_shapes(args, result),
+              "real": lambda: phase_real(args, result), "builder": lambda: phase_builder(args, result),
+              "hf": lambda: phase_hf(args, result), "genai": lambda: phase_genai(args, result),
+              "summary": lambda: phase_summary(args, result),
+              "genai_pack": lambda: phase_genai_pack(args, result)}
+    for name in args.phases.split(","):
+        t0 = time.perf_counter()
+        try:
+            phases[name]()
+        except Exception as err:
+            result.setdefault("errors", {})[name] = traceback.format_exc()[-3000:]
+            log(f"phase {name} failed: {err!r}")
+        result.setdefault("phase_s", {})[name] = time.perf_counter() - t0
+        write(args, result)
+        log(f"phase {name}: {time.perf_counter() - t0:.0f} s")
+    os.sync()
+
+
+if __name__ == "__main__":
+    main()

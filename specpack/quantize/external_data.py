@@ -1,0 +1,57 @@
+"""Write a graph whose initializers go, one after another, into one external-data file next to it.
+
+Used by the quantize stage: the new graph's tensors (quantized weights, and every kept tensor copied from
+the old data file) are appended to `<out.name>.data` as they are made, so only one weight is in memory at
+a time. Offsets are aligned to 4 KiB, so ONNX Runtime can memory-map each tensor instead of reading it.
+Tensors under 1 KiB stay inline (ONNX Runtime's shape inference reads small constants).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+ALIGN = 4096
+INLINE_BYTES = 1024
+
+
+class DataFileWriter:
+    """Appends tensor bytes to `<onnx_path.name>.data`; `tensor()` returns the TensorProto that points there."""
+
+    def __init__(self, onnx_path: Path) -> None:
+        self.location = f"{Path(onnx_path).name}.data"
+        self.path = Path(onnx_path).with_name(self.location)
+        self.path.unlink(missing_ok=True)
+        self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 (closed in close())
+
+    def tensor(self, name: str, array: np.ndarray) -> TensorProto:
+        """A TensorProto named `name` with `array`'s values: inline when small, else appended to the file."""
+        array = np.ascontiguousarray(array)
+        if array.nbytes < INLINE_BYTES:
+            return numpy_helper.from_array(array, name)
+        proto = TensorProto(name=name, data_type=onnx.helper.np_dtype_to_tensor_dtype(array.dtype), dims=array.shape)
+        self._append(proto, array.data.cast("B"))
+        return proto
+
+    def copy(self, proto: TensorProto, data: bytes | memoryview) -> TensorProto:
+        """An external tensor `proto` (its name, type and dims) with its stored bytes `data` copied into this file."""
+        out = TensorProto()
+        out.CopyFrom(proto)
+        del out.external_data[:]
+        self._append(out, data)
+        return out
+
+    def _append(self, proto: TensorProto, data: bytes | memoryview) -> None:
+        offset = -(-self._file.tell() // ALIGN) * ALIGN
+        self._file.seek(offset)
+        self._file.write(data)
+        proto.data_location = TensorProto.EXTERNAL
+        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(len(data)))):
+            proto.external_data.add(key=key, value=value)
+
+    def close(self) -> None:
+        self._file.close()

@@ -1,0 +1,60 @@
+"""Quantization modes of a pack's graphs: names, and what each means. The one place that defines them.
+
+    none   the plain graph as exported (fp32 or fp16)
+    int8   weight-only: every MatMul weight, the lm_head and the token embedding as 8-bit blocks
+    int4   the same with 4-bit blocks (asymmetric: uint8 zero points)
+    gguf   a GGUF source's own blocks, carried over where they map exactly (gguf_blocks.py), else
+           dequantized + quantized; the default for a .gguf source
+
+Weight-only modes run as ONNX Runtime's MatMulNBits / GatherBlockQuantized with accuracy level 4: the
+activations are quantized to int8 per block inside the kernel, which runs ONNX Runtime's integer
+(AVX2 / AVX-512 VNNI) kernels on the CPU. The calibrated Q/DQ modes quantize weights and activations, as
+TensorRT-LLM's `int8_sq` and `fp8`, in the QuantizeLinear / DequantizeLinear form TensorRT consumes:
+
+    int8-sq  SmoothQuant-smoothed MatMuls, INT8 Q/DQ on activations and weights (max calibration)
+    fp8      FLOAT8E4M3FN Q/DQ on activations and weights (max calibration)
+
+Their stage is quantize/calibrated.py (nvidia-modelopt's ONNX PTQ, a calibration set from a prompt file).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+NONE, INT8, INT4, GGUF = "none", "int8", "int4", "gguf"
+INT8_SQ, FP8 = "int8-sq", "fp8"  # calibrated Q/DQ, weights and activations (quantize/calibrated.py)
+WEIGHT_ONLY = (NONE, INT8, INT4)  # the --quantize-draft / --quantize-target choices
+CALIBRATED = (INT8_SQ, FP8)       # need a calibration set (--calib-prompts)
+ALL = (*WEIGHT_ONLY, GGUF, *CALIBRATED)
+ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, the integer kernels
+
+
+@dataclass(frozen=True)
+class WeightOnlySpec:
+    """How a weight-only mode quantizes: bits, block size along K, zero points, the kernels' accuracy level."""
+
+    method: str
+    bits: int
+    block_size: int = 32
+    symmetric: bool = False
+    accuracy_level: int = ACCURACY_INT8
+    algorithm: str = "rtn"              # "rtn" (round to nearest) | "k_quant" (ONNX Runtime's k-quant search)
+    lm_head_bits: int | None = None     # the lm_head (and a table tied to it) at other bits; None: `bits`
+
+    def to_dict(self) -> dict[str, object]:
+        return {"method": self.method, "bits": self.bits, "block_size": self.block_size, "symmetric": self.symmetric,
+                "accuracy_level": self.accuracy_level, "algorithm": self.algorithm,
+                "lm_head_bits": self.lm_head_bits or self.bits}
+
+
+SPECS: dict[str, WeightOnlySpec] = {
+    INT8: WeightOnlySpec(INT8, bits=8, symmetric=True),
+    INT4: WeightOnlySpec(INT4, bits=4),
+    # GGUF: exact blocks keep their own bits and block size; these apply to the tensors that are requantized
+    GGUF: WeightOnlySpec(GGUF, bits=4),
+}
+
+
+def fallback_bits(gguf_bits_per_weight: float) -> int:
+    """Bits for a GGUF tensor that has no exact form: 4 for formats of up to 5 bits a weight, else 8."""
+    return 4 if gguf_bits_per_weight <= 5.0 else 8

@@ -1,0 +1,235 @@
+"""The quantize stage: a plain graph in, its weight-only quantized copy out, plus what each weight became.
+
+    plain.onnx ─ find_sites ─> weights W [K, N] ─ source ─> BlockQuant, or kept ─ rewrite ─> plain.<mode>.onnx
+                                                                                           + one .data file
+Sources:
+    int4 / int8   ONNX Runtime's own quantizer (matmul_nbits_quantizer's kernels, round to nearest) on W
+    gguf          the GGUF file's blocks where they map exactly (gguf_blocks.py), found by their values;
+                  other quantized formats are dequantized (W is that) + quantized by ONNX Runtime's
+                  quantizer; float GGUF tensors stay float
+
+It works on any plain graph (concat or static KV cache, fp32 or fp16): it touches only MatMuls with a
+constant 2-D weight and Gathers of a constant table by input_ids (sites.py), one weight in memory at a time.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from specpack import names
+from specpack.errors import SpecpackError
+from specpack.graphs.prune_logits import LmHead, find_lm_head
+from specpack.quantize import modes
+from specpack.quantize.external_data import DataFileWriter
+from specpack.quantize.nbits import BlockQuant, quantize_kquant, quantize_rtn
+from specpack.quantize.rewrite import MS_DOMAIN, GraphEdit, float_type_of
+from specpack.quantize.sites import Site, WeightReader, find_sites
+
+MIN_BLOCK = 16  # MatMulNBits' smallest block
+
+
+@dataclass
+class Choice:
+    """What one weight became: a BlockQuant, or kept as it was, and the record of why."""
+
+    quant: BlockQuant | None
+    record: dict[str, Any]
+
+
+def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | None = None,
+                         spec: modes.WeightOnlySpec | None = None) -> dict[str, Any]:
+    """Write the `method` ("int4" | "int8" | "gguf") form of `plain` to `out`; returns its manifest record.
+    `spec` overrides the mode's settings (modes.SPECS)."""
+    plain, out = Path(plain), Path(out)
+    spec = spec or modes.SPECS[method]
+    if method == modes.GGUF and gguf_path is None:
+        raise SpecpackError("--quantize gguf needs a GGUF source", expected="a .gguf model file",
+                            found="a model directory or hub id", hint="use int4 or int8 for other sources")
+    start = time.perf_counter()
+    model = onnx.load(str(plain), load_external_data=False)
+    graph = model.graph
+    reader = WeightReader(plain)
+    inits = {t.name: t for t in graph.initializer}
+    sites = [s for s in find_sites(graph) if s.kind != "embedding" or graph.node[s.node].input[1] == names.INPUT_IDS]
+    source = _GgufSource(Path(gguf_path), spec) if method == modes.GGUF and gguf_path else _RtnSource(spec)
+    tied = {s.tensor for s in sites if s.kind == "tied"}
+    lm_head = find_lm_head(graph)
+    lm_head_node = lm_head.index if isinstance(lm_head, LmHead) else None
+    writer = DataFileWriter(out)
+    edit = GraphEdit(graph, writer, float_type_of(graph))
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    dropped: set[int] = set()
+    removed: set[str] = set()
+    packed_tables: dict[str, tuple[str, BlockQuant]] = {}
+    records = []
+    try:
+        for site in _embeddings_first(sites):
+            if site.kind == "tied" and site.tensor not in packed_tables:
+                records.append({**_describe(site), "path": "kept", "why": "its embedding was not quantized"})
+                continue
+            if site.kind == "tied":
+                packed, bq = packed_tables[site.tensor]
+                replaced[site.node] = edit.matmul(site, bq, spec.accuracy_level, packed_name=packed)
+                dropped.add(site.transpose)  # type: ignore[arg-type]
+                records.append({**_describe(site), "path": "shared", "with": site.tensor, "bits": bq.bits,
+                                "block_size": bq.block_size})
+                continue
+            weight = site.weight_of(reader.read(inits[site.tensor]))  # [K, N]
+            choice = source.choose(site, weight, is_lm_head=site.node == lm_head_node or site.tensor in tied)
+            records.append({**_describe(site), **choice.record})
+            if choice.quant is None:
+                continue
+            if site.kind == "embedding":
+                replaced[site.node], packed = edit.embedding(site, choice.quant, shared=site.tensor in tied)
+                packed_tables[site.tensor] = (packed, choice.quant)
+            else:
+                replaced[site.node] = edit.matmul(site, choice.quant, spec.accuracy_level)
+            removed.add(site.tensor)
+            del weight, choice
+        _write(model, out, writer, reader, edit, replaced, dropped, removed)
+    except BaseException:
+        writer.close()
+        raise
+    before = sum(_nbytes(t) for t in inits.values())
+    after = sum(_nbytes(t) for t in model.graph.initializer)
+    record = {**spec.to_dict(), "method": method, "tensors": records, "summary": summarize(records),
+              "bytes_before": before, "bytes_after": after, "seconds": round(time.perf_counter() - start, 1)}
+    if method == modes.GGUF:
+        record["gguf"] = str(gguf_path)
+    _log(f"quantized {plain.name} ({method}): {before / 2**20:.0f} -> {after / 2**20:.0f} MiB, "
+         + ", ".join(f"{n} {path}" for path, n in summarize(records).items()))
+    return record
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, int]:
+    """How many weights took each path, e.g. {"gguf-exact Q4_K": 169, "gguf-requantized Q5_K -> int8": 2}."""
+    counts: Counter[str] = Counter()
+    for r in records:
+        label = r["path"] + (f" {r['format']}" if "format" in r else "")
+        if r["path"] in ("rtn", "k_quant", "gguf-requantized"):
+            label += f" -> int{r['bits']}"
+        counts[label] += 1
+    return dict(sorted(counts.items()))
+
+
+def _embeddings_first(sites: list[Site]) -> list[Site]:
+    """Embeddings before the lm_heads that share their table."""
+    return sorted(sites, key=lambda s: (s.kind == "tied", s.node))
+
+
+def _describe(site: Site) -> dict[str, Any]:
+    return {"tensor": site.tensor, "kind": site.kind, "k": site.k, "n": site.n}
+
+
+def _nbytes(t: onnx.TensorProto) -> int:
+    for e in t.external_data:
+        if e.key == "length":
+            return int(e.value)
+    return len(t.raw_data)
+
+
+class _RtnSource:
+    """Round to nearest with ONNX Runtime's quantizer, at the mode's bits and block size (16 if K needs it)."""
+
+    def __init__(self, spec: modes.WeightOnlySpec) -> None:
+        self.spec = spec
+
+    def choose(self, site: Site, weight: np.ndarray, is_lm_head: bool = False, bits: int | None = None,
+               extra: dict[str, Any] | None = None) -> Choice:
+        spec = self.spec
+        bits = bits or (spec.lm_head_bits if is_lm_head and spec.lm_head_bits else spec.bits)
+        block = next((b for b in (spec.block_size, MIN_BLOCK) if site.k % b == 0), None)
+        if block is None:
+            return Choice(None, {"path": "kept", "why": f"K = {site.k} is not a multiple of {MIN_BLOCK}", **(extra or {})})
+        if spec.algorithm == "k_quant" and not spec.symmetric:
+            quant = quantize_kquant(weight, bits, block)
+        else:
+            quant = quantize_rtn(weight, bits, block, spec.symmetric)
+        return Choice(quant, {"path": "rtn" if spec.algorithm == "rtn" else spec.algorithm, "bits": bits,
+                              "block_size": block, "bytes": quant.nbytes, **(extra or {})})
+
+
+class _GgufSource:
+    """The GGUF file's tensors, matched to the graph's weights by their values (first and last row)."""
+
+    def __init__(self, path: Path, spec: modes.WeightOnlySpec) -> None:
+        import gguf
+
+        self.reader = gguf.GGUFReader(path)
+        self.rtn = _RtnSource(spec)
+        self.by_shape: dict[tuple[int, int], list[Any]] = {}
+        for t in self.reader.tensors:
+            if len(t.shape) == 2:  # GGUF dims are (K, N): the row length first
+                self.by_shape.setdefault((int(t.shape[1]), int(t.shape[0])), []).append(t)
+        self._rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def choose(self, site: Site, weight: np.ndarray, is_lm_head: bool = False) -> Choice:
+        from specpack.quantize.gguf_blocks import exact_block_quant
+
+        tensor = self._match(site, weight)
+        if tensor is None:
+            return Choice(None, {"path": "kept", "why": "no GGUF tensor has these values"})
+        fmt = tensor.tensor_type.name
+        found = {"gguf_tensor": tensor.name, "format": fmt}
+        if fmt in ("F32", "F16", "BF16"):
+            return Choice(None, {"path": "gguf-float", **found})
+        quant = exact_block_quant(tensor.data, fmt, (site.n, site.k), reference=weight)
+        if isinstance(quant, BlockQuant):
+            return Choice(quant, {"path": "gguf-exact", "bits": quant.bits, "block_size": quant.block_size,
+                                  "bytes": quant.nbytes, **found})
+        bits = modes.fallback_bits(8 * tensor.n_bytes / max(tensor.n_elements, 1))
+        return self.rtn.choose(site, weight, is_lm_head, bits, {**found, "path": "gguf-requantized", "why": quant})
+
+    def _match(self, site: Site, weight: np.ndarray) -> Any | None:
+        """The GGUF tensor whose first and last rows equal W's first and last columns."""
+        import gguf
+
+        first, last = np.asarray(weight[:, 0], np.float32), np.asarray(weight[:, -1], np.float32)
+        for t in self.by_shape.get((site.n, site.k), []):
+            if t.name not in self._rows:
+                rows = np.asarray(t.data).reshape(site.n, -1)
+                qtype = gguf.GGMLQuantizationType(t.tensor_type)
+                self._rows[t.name] = (gguf.quants.dequantize(rows[:1], qtype).reshape(-1),
+                                      gguf.quants.dequantize(rows[-1:], qtype).reshape(-1))
+            row0, row_last = self._rows[t.name]
+            if np.array_equal(row0, first) and np.array_equal(row_last, last):
+                return t
+        return None
+
+
+def _write(model: onnx.ModelProto, out: Path, writer: DataFileWriter, reader: WeightReader, edit: GraphEdit,
+           replaced: dict[int, list[onnx.NodeProto]], dropped: set[int], removed: set[str]) -> None:
+    """New node list and initializers; every kept external tensor copied into the new data file."""
+    graph = model.graph
+    nodes: list[onnx.NodeProto] = []
+    for i, node in enumerate(graph.node):
+        if i in replaced:
+            nodes.extend(replaced[i])
+        elif i not in dropped:
+            nodes.append(node)
+    still_read = {name for node in nodes for name in node.input}
+    kept = []
+    for t in graph.initializer:
+        if t.name in removed and t.name not in still_read:
+            continue
+        kept.append(writer.copy(t, reader.raw_bytes(t)) if t.data_location == onnx.TensorProto.EXTERNAL else t)
+    writer.close()
+    del graph.node[:]
+    graph.node.extend(nodes)
+    del graph.initializer[:]
+    graph.initializer.extend([*kept, *edit.initializers])
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(MS_DOMAIN, 1))
+    onnx.save_model(model, str(out))
+
+
+def _log(message: str) -> None:
+    print(f"[spec-export] {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,275 @@
+"""Adaptive k (`k="auto"`): each step's draft count chosen from the acceptance seen so far and the step costs
+measured on the machine it runs on (docs/architecture.md, "k policy").
+
+For every k in 0..k_max the policy estimates the tokens a step emits and the time it takes, and takes the k
+of the highest rate (the smaller k on a tie):
+
+    rate(k) = (1 + E[accepted | k]) / (k d + V(k))
+    E[accepted | k] = sum_{j=1..k} prod_{i<j} h_i     h_i = P(draft i+1 accepted | drafts 1..i accepted)
+    d     the draft phase per draft (the model drafter: c target steps; the n-gram drafter: microseconds)
+    V(k)  the rest of a step that verified k drafts (the verify over k+1 tokens and the commit); V(0) is a
+          plain target step, so k = 0 wins exactly when speculation would be slower than decoding alone
+
+Acceptance (AcceptanceModel): decayed counts per draft position, `reached` and `passed` (a step that verified
+k drafts and accepted n reached positions 0..min(n, k-1) and passed 0..n-1), shrunk toward the pooled rate of
+all positions, itself shrunk toward a prior:
+    h_pool = (sum passed + w p0) / (sum reached + w),    h_i = (passed_i + w h_pool) / (reached_i + w)
+Every count decays by `decay` per step: old text weighs less, and positions no longer reached drift back to
+the pooled rate (which is how longer drafts get tried when acceptance is high). A run of k = 0 steps ages
+the counts by at most `idle_memory` steps, so a policy that stopped drafting does not forget why and drift
+back to the prior to pay for it again; the probes below re-measure instead. Conditional rates rather than
+DecodeStats.per_position's survival: a step stopped at its first rejection says nothing of the positions
+after it.
+
+Costs (MeasuredCosts): the median of the last `window` times per k, and per draft. A k never measured is
+interpolated linearly between measured ks and extrapolated with the nearest segment's slope (>= 0); while a
+single k is measured, with a prior relative slope. A request starts at `first_k`; k = 0 is measured as soon
+as it looks best, or as a neighbour of k = 1.
+PriorCosts replaces the measurements by fixed relative costs where the k schedule must not depend on the
+clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
+deterministic: tests feed a fake clock.
+
+Exploration: while k = 0 wins, every `probe_every` steps one step runs at the best k >= 1 (the interval
+doubles each time k = 0 wins again, up to `probe_max`, and resets once a k >= 1 wins); while drafting, every
+`neighbor_every`-th step runs at a neighbour of the best k, alternately above and below, so the costs and the
+acceptance around it stay measured.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+from specpack.runtime.state import DecodeState
+
+
+@dataclass(frozen=True)
+class AdaptiveConfig:
+    prior_acceptance: float = 0.7   # p0: acceptance per draft before any was verified
+    prior_weight: float = 1.0       # w: pseudo-steps of the prior (in the pooled rate) and of the pooled rate (per position)
+    decay: float = 0.95             # per step, on every acceptance count (~20 steps of memory)
+    idle_memory: int = 16           # a run of k = 0 steps ages the counts by at most this many steps
+    window: int = 5                 # times per k kept for the running median
+    verify_slope: float = 0.04      # V(k) / V(0) = 1 + slope k, while a single k is measured (v(8) = 1.35 on the CPU)
+    first_k: int = 4                # a request's first step (capped at k_max), before anything is measured
+    min_drafting: int = 4           # steps that verified drafts before k = 0 may win (one unlucky step is no evidence)
+    probe_every: int = 8            # k = 0 steps before a probe at the best k >= 1
+    probe_max: int = 64             # the longest interval between probes
+    neighbor_every: int = 16        # every this many drafting steps, one at a neighbour of the best k
+
+
+class AcceptanceModel:
+    """Decayed per-position counts -> E[accepted | k] for every k (see the module docstring)."""
+
+    def __init__(self, k_max: int, config: AdaptiveConfig) -> None:
+        self.config = config
+        self.reached = [0.0] * k_max  # [k_max] decayed steps that verified draft i with drafts 0..i-1 accepted
+        self.passed = [0.0] * k_max   # [k_max] ... of which draft i was accepted too
+        self._age = 0                 # steps since the counts last decayed
+
+    def observe(self, k: int, n_accepted: int) -> None:
+        self._age += 1
+        if k == 0:  # nothing verified: the counts age once the next drafts are verified, and by idle_memory at most
+            return
+        decay, self._age = self.config.decay ** min(self._age, self.config.idle_memory), 0
+        for i in range(len(self.reached)):
+            self.reached[i] *= decay
+            self.passed[i] *= decay
+        for i in range(min(n_accepted + 1, k)):
+            self.reached[i] += 1.0
+            self.passed[i] += i < n_accepted
+
+    def expected_accepted(self, out: list[float]) -> None:
+        """out[k] = E[accepted | k] for k in 0..k_max (out has k_max + 1 entries)."""
+        w = self.config.prior_weight
+        h = (sum(self.passed) + w * self.config.prior_acceptance) / (sum(self.reached) + w)  # pooled
+        survive, total = 1.0, 0.0
+        out[0] = 0.0
+        for i in range(len(self.reached)):
+            h = (self.passed[i] + w * h) / (self.reached[i] + w)  # h_i, shrunk toward h_{i-1}
+            survive *= h
+            total += survive
+            out[i + 1] = total
+
+
+class Costs(Protocol):
+    def start(self) -> None:
+        """A new request begins."""
+        ...
+
+    def measured(self, k: int) -> bool: ...
+
+    def any_measured(self) -> bool: ...
+
+    def observe(self, k: int, elapsed_s: float, draft_s: float) -> None: ...
+
+    def step_times(self, out: list[float]) -> None:
+        """out[k] = k d + V(k) for k in 0..k_max, in any one unit (only ratios matter)."""
+        ...
+
+
+class MeasuredCosts:
+    """Running medians of this machine's step times (seconds), kept across the requests of one pack and drafter.
+
+    A request's own samples are kept apart from the earlier requests' medians (`start`): the earlier costs give
+    the shape (V(k) for every k tried so far, d), scaled to this request by its own measurements (a longer
+    context makes every step slower alike), so a new request starts informed and never mixes two context
+    lengths in one comparison.
+    """
+
+    def __init__(self, k_max: int, window: int, verify_slope: float) -> None:
+        self.window, self.verify_slope = window, verify_slope  # the slope is used while a single k is known
+        self.rest: list[deque[float]] = [deque(maxlen=window) for _ in range(k_max + 1)]  # [k_max+1] V(k) samples
+        self.per_draft: deque[float] = deque(maxlen=window)                               # d samples
+        self.earlier: list[float | None] = [None] * (k_max + 1)  # [k_max+1] V(k) medians of earlier requests
+        self.earlier_draft: float | None = None
+
+    def start(self) -> None:
+        """A new request: the costs known so far (this request's, and the earlier ones scaled to its level)
+        become the earlier costs."""
+        points, d = self._known()
+        for k, v in points:
+            self.earlier[k] = v
+        self.earlier_draft = d if self.per_draft or self.earlier_draft is not None else None
+        for samples in self.rest:
+            samples.clear()
+        self.per_draft.clear()
+
+    def measured(self, k: int) -> bool:
+        return bool(self.rest[k]) or self.earlier[k] is not None
+
+    def any_measured(self) -> bool:
+        return any(self.measured(k) for k in range(len(self.rest)))
+
+    def observe(self, k: int, elapsed_s: float, draft_s: float) -> None:
+        self.rest[k].append(max(elapsed_s - draft_s, 0.0))
+        if k > 0:
+            self.per_draft.append(draft_s / k)
+
+    def step_times(self, out: list[float]) -> None:
+        known, d = self._known()
+        for k in range(len(out)):
+            out[k] = k * d + _interpolate(known, k, self.verify_slope)
+
+    def _known(self) -> tuple[list[tuple[int, float]], float]:
+        """(k, V(k)) for every k measured, sorted, and d: this request's medians, and where it has none, the
+        earlier costs scaled by this request's level over theirs (the median ratio at the ks measured now)."""
+        now = [(k, statistics.median(samples)) for k, samples in enumerate(self.rest) if samples]
+        before = [(k, v) for k, v in enumerate(self.earlier) if v is not None]
+        scale = 1.0
+        if now and before:
+            scale = statistics.median(v / _interpolate(before, k, self.verify_slope) for k, v in now)
+        points = dict(now)
+        for k, v in before:
+            points.setdefault(k, v * scale)
+        d = statistics.median(self.per_draft) if self.per_draft else (self.earlier_draft or 0.0) * scale
+        return sorted(points.items()), d
+
+
+class PriorCosts:
+    """Fixed costs in target steps: d = c, V(k) = 1 + slope k. No clock: the k schedule follows acceptance alone."""
+
+    def __init__(self, c: float, verify_slope: float = 0.04) -> None:
+        self.c, self.verify_slope = c, verify_slope
+
+    def start(self) -> None:
+        pass
+
+    def measured(self, k: int) -> bool:
+        return True
+
+    def any_measured(self) -> bool:
+        return True
+
+    def observe(self, k: int, elapsed_s: float, draft_s: float) -> None:
+        pass
+
+    def step_times(self, out: list[float]) -> None:
+        for k in range(len(out)):
+            out[k] = k * self.c + 1.0 + self.verify_slope * k
+
+
+def _interpolate(known: list[tuple[int, float]], k: int, slope: float) -> float:
+    """V(k) from the measured (k, V) pairs, sorted by k: linear between them, and beyond them with the slope of
+    the nearest segment (>= 0; below the smallest measured k no lower than a quarter of its V). With a single
+    measured k, `slope` (relative: V(k) / V(0) = 1 + slope k) scales it."""
+    if len(known) == 1:
+        (k0, v0), = known
+        return v0 * (1.0 + slope * k) / (1.0 + slope * k0)
+    lo = max((p for p in known if p[0] <= k), default=None)
+    hi = min((p for p in known if p[0] >= k), default=None)
+    if lo is not None and hi is not None:
+        return lo[1] if hi[0] == lo[0] else lo[1] + (hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
+    (ka, va), (kb, vb) = known[:2] if lo is None else known[-2:]
+    rise = max(vb - va, 0.0) / (kb - ka)
+    if lo is None:
+        return max(va - rise * (ka - k), 0.25 * va)
+    return vb + rise * (k - kb)
+
+
+class AdaptiveK:
+    """The KPolicy of `k="auto"`: the k of the highest expected tokens per unit time, within 0..k_max."""
+
+    def __init__(self, k_max: int, config: AdaptiveConfig | None = None, costs: Costs | None = None) -> None:
+        """`costs`: the pack's cost model for this drafter (kept across requests), or None: a fresh one."""
+        self.config = config or AdaptiveConfig()
+        self._k_max = k_max
+        self.acceptance = AcceptanceModel(k_max, self.config)
+        self.costs: Costs = costs if costs is not None else MeasuredCosts(k_max, self.config.window,
+                                                                          self.config.verify_slope)
+        self.costs.start()
+        self._tokens = [0.0] * (k_max + 1)  # [k_max+1] 1 + E[accepted | k]
+        self._times = [0.0] * (k_max + 1)   # [k_max+1] k d + V(k)
+        self._idle = 0                      # consecutive steps at k = 0 by choice
+        self._probe_interval = self.config.probe_every
+        self._drafting = 0                  # steps at a k >= 1 by choice
+        self._verified = 0                  # steps that verified drafts
+        self._above = True                  # the next neighbour explored is best + 1
+
+    @property
+    def k_max(self) -> int:
+        return self._k_max
+
+    def next_k(self, state: DecodeState) -> int:
+        if self._k_max == 0:
+            return 0
+        if not self.costs.any_measured():
+            return min(self.config.first_k, self._k_max)
+        # k = 0 may win once min_drafting steps verified drafts
+        best = self.best(0 if self._verified >= self.config.min_drafting else 1)
+        if best == 0:
+            self._idle += 1
+            if self._idle < self._probe_interval:
+                return 0
+            self._idle = 0
+            self._probe_interval = min(2 * self._probe_interval, self.config.probe_max)
+            return self.best(1)
+        self._idle, self._probe_interval = 0, self.config.probe_every
+        self._drafting += 1
+        if self._drafting % self.config.neighbor_every == 0:
+            return self._neighbor(best)
+        return best
+
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
+        self._verified += k > 0
+        self.acceptance.observe(k, n_accepted)
+        self.costs.observe(k, elapsed_s, draft_s)
+
+    def best(self, low: int = 0) -> int:
+        """The k in low..k_max of the highest estimated rate (the smaller on a tie)."""
+        self.acceptance.expected_accepted(self._tokens)
+        self.costs.step_times(self._times)
+        best, best_rate = low, -1.0
+        for k in range(low, self._k_max + 1):
+            rate = (1.0 + self._tokens[k]) / self._times[k] if self._times[k] > 0 else float("inf")
+            if rate > best_rate:
+                best, best_rate = k, rate
+        return best
+
+    def _neighbor(self, best: int) -> int:
+        up, down = best < self._k_max, best > 0
+        go_up = up and (self._above or not down)
+        self._above = not self._above
+        return best + 1 if go_up else best - 1 if down else best

@@ -1,0 +1,313 @@
+"""The `tensorrt` backend: the pack's TensorRT engines, device buffers bound once, CUDA graphs per step shape.
+
+Never run on this project's machines (no TensorRT here: docs/tensorrt.md). Its bookkeeping runs in CI over
+a fake TensorRT and a fake CUDA that execute the pack's ONNX graphs with ONNX Runtime on host memory
+(tests/runtime/fake_trt.py): greedy output equals the target alone through this very code.
+
+    load(path, manifest, options)
+      1. TensorRT and libcudart present; this machine's Platform (GPU, compute capability, TensorRT version)
+      2. the engine the manifest lists for each model and this platform, or a refusal (deploy/engines.py);
+         the pack's files, engines included, were hashed before this (runtime/pack.py)
+      3. per model: deserialize, one execution context, device buffers allocated once:
+
+    TrtModel (one engine)
+      input_ids, position_ids   int64 [1, max_len]       the first S entries hold this run's tokens
+      attention_mask            int64 [1, M]             the static mask: ones at [0, L + S) (changed entries copied)
+      kv[2]                     dtype [1, H, M, D] each  ping-pong sets: a run reads set p and writes set 1 - p
+                                                         (TensorRT writes an output into its own buffer: no in-place)
+      sampling inputs           [1] each                 copied once per request (reset)
+      draft:  uniform [1]; probs -> row `row` of q       q [1, k_max, V] fp32: the verify reads it in place
+      target: uniforms [1, k_max + 1]; draft_probs -> q (the draft's, or a one-hot buffer for q None)
+      outputs                   int64 [1] each           read back after the run: a few integers per step
+
+    A run over S tokens: copy ids, positions, mask changes and uniforms in; replay the CUDA graph captured for
+    (S, k, parity, q address), or set shapes and addresses and execute_async_v3; copy the integers out;
+    synchronize. Each step with S <= k_max + 1 is captured at its first run, in an execution context of its
+    own (a graph fixes its context's shapes and addresses; every context shares one activation buffer, as
+    runs are serialized on one stream), after one plain run in that context; prefills run uncaptured in the
+    base context. Rollback is a length update (the static form never reads past the mask).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specpack import names
+from specpack.deploy.engines import check_buildable, select_engine
+from specpack.deploy.manifest import EngineEntry, Manifest, ModelEntry
+from specpack.errors import SpecpackError
+from specpack.runtime.backend import BackendOptions
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+
+if TYPE_CHECKING:
+    import tensorrt as trt
+
+    from specpack.deploy.engines import Platform
+    from specpack.runtime.cuda_rt import Cuda
+
+DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # KV element type -> a host type of its size
+GraphKey = tuple[int, int, int, int]  # (S, k, parity, q address): what a captured CUDA graph is valid for
+
+
+def load(path: Path, manifest: Manifest, options: BackendOptions) -> TrtBackend:
+    from specpack.runtime.cuda_rt import Cuda
+    from specpack.runtime.trt_env import current_platform, require_tensorrt
+
+    require_tensorrt()
+    import tensorrt as trt
+
+    cuda = Cuda.load()
+    return TrtBackend(path, manifest, options, cuda, current_platform(cuda), trt_module=trt)
+
+
+class TrtModel:
+    """One engine and its buffers; `run` executes it over the next S tokens of a request."""
+
+    def __init__(self, backend: TrtBackend, entry: ModelEntry, engine: EngineEntry, extra_inputs: dict[str, tuple[int, ...]],
+                 outputs: list[str]) -> None:
+        m, cuda, self.cuda, self.stream = backend.manifest, backend.cuda, backend.cuda, backend.stream
+        self.backend, self.k_max, self.vocab = backend, m.k_max, m.vocab_size
+        plan = (backend.path / engine.path).read_bytes()  # hashed with the pack's files before the backend opened
+        loaded: trt.ICudaEngine | None = backend.runtime.deserialize_cuda_engine(plan)
+        if loaded is None:
+            raise SpecpackError(f"TensorRT could not load {engine.path}", expected=f"an engine for {backend.platform}",
+                                found="deserialize_cuda_engine returned None",
+                                hint="rebuild: specpack build PACK --backend tensorrt")
+        self.engine: trt.ICudaEngine = loaded
+        self.trt = backend.trt
+        self.scratch_bytes = self.engine.device_memory_size_v2  # activations: one buffer every context shares
+        self.scratch = cuda.malloc(self.scratch_bytes)         # (runs are serialized on one stream)
+        self.context = self._new_context()                     # uncaptured runs (prefills)
+        self._check_io(entry, engine)
+        self.past, self.present = names.kv_names(entry.num_layers, "past"), names.kv_names(entry.num_layers, "present")
+        kv_bytes = entry.kv_heads * m.max_len * entry.head_dim * np.dtype(DTYPES[entry.dtype]).itemsize
+        self.kv = [[cuda.malloc(kv_bytes) for _ in self.past] for _ in range(2)]  # [parity][tensor] [1, H, M, D]
+        self.buf = {name: cuda.malloc(int(np.prod(shape)) * 8) for name, shape in {  # 8 bytes: int64 / up to fp64
+            names.INPUT_IDS: (m.max_len,), names.POSITION_IDS: (m.max_len,), names.ATTENTION_MASK: (m.max_len,),
+            names.TEMPERATURE: (1,), names.TOP_K: (1,), names.TOP_P: (1,), **extra_inputs,
+            **{out: (1,) for out in outputs}}.items()}
+        self.host_out = {out: np.zeros(1, np.int64) for out in outputs}  # [1] each
+        self.mask = np.zeros(m.max_len, np.int64)    # [M] host mirror of the device mask
+        self.positions = np.arange(m.max_len, dtype=np.int64)  # [M] positions [L, L + S) are a view
+        self.length, self.parity, self._mask_end = 0, 0, 0
+        self.graphs: dict[GraphKey, int] = {}  # captured step -> its executable CUDA graph
+        self.contexts: dict[GraphKey, trt.IExecutionContext] = {}  # captured step -> its own context, bound once
+        self.use_graphs = backend.cuda_graphs
+        for ptr in (*self.kv[0], *self.kv[1]):  # cudaMalloc'd memory is garbage: rows never written stay finite
+            cuda.memset(ptr, kv_bytes, self.stream)
+        cuda.memset(self.buf[names.ATTENTION_MASK], m.max_len * 8, self.stream)  # the mirror's zeros; ones are copied in
+
+    def _check_io(self, entry: ModelEntry, engine: EngineEntry) -> None:
+        """The engine's tensors are the graph's (the manifest's I/O): bound by name, never by position."""
+        have = {self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)}
+        want = {s.name for s in (*entry.graph.inputs, *entry.graph.outputs)}
+        if have != want:
+            raise SpecpackError(f"{engine.path} does not have its graph's inputs and outputs",
+                                expected=f"{len(want)} tensors named as in the manifest",
+                                found=f"missing {sorted(want - have)[:5]}, unexpected {sorted(have - want)[:5]}",
+                                hint="rebuild the engines from this pack: specpack build PACK --backend tensorrt")
+
+    def reset(self, state: DecodeState) -> None:
+        self.length = 0
+        for name, value in state.sampling_inputs.items():  # [1] each: constant for the request
+            self.cuda.copy_htod(self.buf[name], value, self.stream)
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.length = min(length, self.length)  # rows past the mask are never read: nothing to write
+
+    def run(self, state: DecodeState, end: int, inputs: dict[str, np.ndarray], addresses: dict[str, int],
+            shapes: dict[str, tuple[int, ...]]) -> dict[str, np.ndarray]:
+        """Run over state.ids[length:end]; `inputs` host arrays copied into this model's buffers of those names,
+        `addresses` extra tensor addresses (q), `shapes` extra dynamic shapes. The outputs' integers come back."""
+        cuda, stream, start = self.cuda, self.stream, self.length
+        s = end - start
+        if s < 1 or end > self.backend.manifest.max_len:
+            raise SpecpackError("the sequence does not fit the static KV cache",
+                                expected=f"1 <= new tokens and cached + new <= max_len {self.backend.manifest.max_len}",
+                                found=f"{start} cached + {s} new", hint="shorten the prompt or max_new_tokens")
+        cuda.copy_htod(self.buf[names.INPUT_IDS], state.ids[start:end], stream)          # [S]
+        cuda.copy_htod(self.buf[names.POSITION_IDS], self.positions[start:end], stream)  # [S]
+        self._update_mask(end)
+        for name, value in inputs.items():
+            cuda.copy_htod(self.buf[name], value, stream)
+        q_address = next(iter(addresses.values()), 0)
+        key = (s, shapes.get(names.DRAFT_PROBS, (0, 0))[1], self.parity, q_address)
+        graph = self.graphs.get(key)
+        if graph is not None:
+            cuda.launch(graph, stream)  # the step's context: its shapes and addresses were set when it was captured
+        elif self.use_graphs and s <= self.k_max + 1:
+            self._capture(key, s, addresses, shapes)
+        else:
+            self._bind(self.context, s, addresses, shapes)
+            self._execute(self.context)
+        for name, host in self.host_out.items():
+            cuda.copy_dtoh(host, self.buf[name], stream)
+        cuda.synchronize(stream)
+        self.length, self.parity = end, 1 - self.parity  # the present set holds the cache now
+        return self.host_out
+
+    def _new_context(self) -> trt.IExecutionContext:
+        ctx = self.engine.create_execution_context(self.trt.ExecutionContextAllocationStrategy.USER_MANAGED)
+        ctx.set_device_memory(self.scratch, self.scratch_bytes)
+        return ctx
+
+    def _bind(self, ctx: trt.IExecutionContext, s: int, addresses: dict[str, int],
+              shapes: dict[str, tuple[int, ...]]) -> None:
+        for name in (names.INPUT_IDS, names.POSITION_IDS):
+            ctx.set_input_shape(name, (1, s))
+        for name, shape in shapes.items():
+            ctx.set_input_shape(name, shape)
+        for name, ptr in {**self.buf, **addresses}.items():
+            ctx.set_tensor_address(name, ptr)
+        for past, present, read, write in zip(self.past, self.present, self.kv[self.parity], self.kv[1 - self.parity],
+                                              strict=True):
+            ctx.set_tensor_address(past, read)
+            ctx.set_tensor_address(present, write)
+
+    def _execute(self, ctx: trt.IExecutionContext) -> None:
+        if not ctx.execute_async_v3(self.stream):
+            raise RuntimeError("TensorRT execute_async_v3 failed (see TensorRT's log)")
+
+    def _capture(self, key: GraphKey, s: int, addresses: dict[str, int], shapes: dict[str, tuple[int, ...]]) -> None:
+        """A step's first run: a context of its own (shapes and addresses set once, as a CUDA graph fixes them),
+        one plain run (this step's results; it also flushes TensorRT's deferred shape work), then the capture."""
+        ctx = self.contexts[key] = self._new_context()
+        self._bind(ctx, s, addresses, shapes)
+        self._execute(ctx)
+        try:
+            self.cuda.begin_capture(self.stream)
+            try:
+                self._execute(ctx)
+            finally:
+                self.graphs[key] = self.cuda.end_capture(self.stream)
+        except RuntimeError:  # e.g. a layer that synchronizes with the host: this engine runs without graphs
+            self.use_graphs = False
+            self.graphs.pop(key, None)
+
+    def _update_mask(self, end: int) -> None:
+        """Ones at [0, end): only the entries between the old and the new end change (and are copied)."""
+        low, high = sorted((self._mask_end, end))
+        if low != high:
+            self.mask[low:high] = 1 if end > self._mask_end else 0
+            self.cuda.copy_htod(self.buf[names.ATTENTION_MASK] + low * 8, self.mask[low:high], self.stream)
+        self._mask_end = end
+
+    def close(self) -> None:
+        for graph in self.graphs.values():
+            self.cuda.destroy_graph(graph)
+        for ptr in (*self.kv[0], *self.kv[1], *self.buf.values(), self.scratch):
+            self.cuda.free(ptr)
+        self.graphs.clear()
+        self.contexts.clear()
+
+
+class TrtDraft:
+    """draft_step engine: S tokens in, one drawn token out; its q row written straight into the q buffer."""
+
+    def __init__(self, backend: TrtBackend, engine: EngineEntry) -> None:
+        m = backend.manifest
+        self.model = TrtModel(backend, m.draft, engine, {names.UNIFORM: (1,)}, [names.TOKEN])
+        self.q_ptr = backend.cuda.malloc(m.k_max * m.vocab_size * 4)  # fp32 [1, k_max, V]
+        self.row_bytes = m.vocab_size * 4
+
+    def reset(self, state: DecodeState) -> None:
+        self.model.reset(state)
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.model.rollback(state, length)
+
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        out = self.model.run(state, end, {names.UNIFORM: state.uniforms.draft[row : row + 1]},  # [1]
+                             {names.PROBS: self.q_ptr + row * self.row_bytes}, {})                   # q[:, row]: [1, V]
+        return int(out[names.TOKEN][0])
+
+    def q(self, state: DecodeState, k: int) -> int:
+        """The device address of q [1, k, V] (rows [0, k) of the buffer): only this backend's target reads it."""
+        return self.q_ptr
+
+    def close(self) -> None:
+        self.model.close()
+        self.model.cuda.free(self.q_ptr)
+
+
+class TrtTarget:
+    """verify engine: the drafts and their q (the draft's device buffer) in, n accepted and the next token out."""
+
+    def __init__(self, backend: TrtBackend, engine: EngineEntry) -> None:
+        m = backend.manifest
+        self.backend, self.k_max, self.vocab = backend, m.k_max, m.vocab_size
+        self.model = TrtModel(backend, m.target, engine, {names.UNIFORMS: (m.k_max + 1,)},
+                              [names.N_ACCEPTED, names.NEXT_TOKEN])
+        self.one_hot = backend.cuda.malloc(m.k_max * m.vocab_size * 4)  # fp32 [1, k_max, V], zero between verifies
+        backend.cuda.memset(self.one_hot, m.k_max * m.vocab_size * 4, backend.stream)
+        self._one = np.ones(1, np.float32)
+        self._zero = np.zeros(1, np.float32)
+
+    def reset(self, state: DecodeState) -> None:
+        self.model.reset(state)
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.model.rollback(state, length)
+
+    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
+        k = proposal.k
+        q = proposal.q if proposal.q is not None else self._set_one_hot(proposal, self._one)
+        try:
+            out = self.model.run(state, state.length + k, {names.UNIFORMS: state.uniforms.verify[0, : k + 1]},  # [k+1]
+                                 {names.DRAFT_PROBS: int(q)},
+                                 {names.DRAFT_PROBS: (1, k, self.vocab), names.UNIFORMS: (1, k + 1)})
+        finally:
+            if k and proposal.q is None:
+                self._set_one_hot(proposal, self._zero)
+        n = int(out[names.N_ACCEPTED][0])
+        self.model.rollback(state, state.length + n)  # the rejected drafts leave the cache
+        return VerifyResult(n, int(out[names.NEXT_TOKEN][0]))
+
+    def _set_one_hot(self, proposal: Proposal, value: np.ndarray) -> int:
+        """A deterministic proposal's q: `value` at (row i, token x_i) of the all-zero one-hot buffer."""
+        for i, token in enumerate(proposal.tokens.tolist()):
+            self.backend.cuda.copy_htod(self.one_hot + (i * self.vocab + token) * 4, value, self.backend.stream)
+        return self.one_hot
+
+
+class TrtBackend:
+    """Both models on TensorRT engines; the draft's engine opens on first use."""
+
+    name = "tensorrt"
+
+    def __init__(self, path: Path, manifest: Manifest, options: BackendOptions, cuda: Cuda, platform: Platform,
+                 trt_module: Any, *, cuda_graphs: bool = True) -> None:
+        if options.slots != 1:
+            raise SpecpackError("the tensorrt backend serves one request at a time", expected="slots 1",
+                                found=f"slots {options.slots}")
+        check_buildable(manifest)
+        self.engines = {role: select_engine(manifest, role, platform) for role, _ in manifest.models()}  # refuse early
+        self.path, self.manifest, self.cuda, self.platform, self.cuda_graphs = path, manifest, cuda, platform, cuda_graphs
+        self.trt = trt_module
+        self.logger: trt.ILogger = trt_module.Logger(trt_module.Logger.WARNING)
+        self.runtime: trt.Runtime = trt_module.Runtime(self.logger)
+        self.stream = cuda.stream()
+        self._target = TrtTarget(self, self.engines["target"])
+        self._draft: TrtDraft | None = None
+        self._lock = threading.Lock()
+
+    def target(self) -> TrtTarget:
+        return self._target
+
+    def draft(self) -> TrtDraft:
+        if self._draft is None:
+            with self._lock:
+                if self._draft is None:
+                    self._draft = TrtDraft(self, self.engines["draft"])
+        return self._draft
+
+    def close(self) -> None:
+        self._target.model.close()
+        self.cuda.free(self._target.one_hot)
+        if self._draft is not None:
+            self._draft.close()
+

@@ -1,0 +1,68 @@
+"""Buffers allocated once on an ONNX Runtime device, bound by pointer, and the static KV cache built on them.
+
+    DeviceArray          one OrtValue on the device (zero-filled at allocation); views by pointer offset
+    DeviceView           (ptr, shape, dtype): what an IOBinding binds; a view of a DeviceArray, no copy
+    DeviceStaticKVCache  the static cache (runtime/static_kv_cache.py) with its buffers and mask on the device
+
+Host -> device copies go through `OrtValue.update_inplace` (the buffer keeps its address: what CUDA graph
+replay needs); device -> host through `OrtValue.numpy()`. Per run the cache uploads only its mask
+([1, max_len] int64, a few KB), and only when the length changed.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+import onnxruntime as ort
+
+from specpack import names
+from specpack.runtime.static_kv_cache import StaticLengthCache
+
+
+class DeviceView(NamedTuple):
+    ptr: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+class DeviceArray:
+    """A buffer of `shape` allocated once on `device` ("cuda" or "cpu"), zero-filled."""
+
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | type, device: str, device_id: int = 0) -> None:
+        self.shape, self.dtype = tuple(shape), np.dtype(dtype)
+        self.value = ort.OrtValue.ortvalue_from_numpy(np.zeros(self.shape, self.dtype), device, device_id)
+        self.ptr: int = self.value.data_ptr()
+
+    def view(self, shape: tuple[int, ...] | None = None, offset: int = 0) -> DeviceView:
+        """The elements [offset, offset + prod(shape)) as `shape` (default: the whole buffer)."""
+        shape = self.shape if shape is None else tuple(shape)
+        return DeviceView(self.ptr + offset * self.dtype.itemsize, shape, self.dtype)
+
+    def write(self, host: np.ndarray) -> None:
+        """Copy `host` (the buffer's size and dtype) in; the address does not change."""
+        self.value.update_inplace(host)
+
+    def read(self) -> np.ndarray:
+        return self.value.numpy()
+
+
+class DeviceStaticKVCache(StaticLengthCache):
+    """The static cache (runtime/static_kv_cache.py) over device buffers [1, H, max_len, D], past bound as present.
+
+    The mask [1, max_len] lives on the host and on the device: bind_inputs edits the host copy between the old
+    and new end and uploads it. Every call returns the same views: fixed addresses for captured graphs.
+    """
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int, dtype: np.dtype | type,
+                 device: str, device_id: int = 0) -> None:
+        shape = (1, kv_heads, max_len, head_dim)
+        self._buffers = [DeviceArray(shape, dtype, device, device_id) for _ in range(2 * num_layers)]
+        self._mask = DeviceArray((1, max_len), np.int64, device, device_id)
+        views = [b.view() for b in self._buffers]
+        past, present = names.kv_names(num_layers, "past"), names.kv_names(num_layers, "present")
+        super().__init__(max_len, {names.ATTENTION_MASK: self._mask.view(), **dict(zip(past, views, strict=True))},
+                         dict(zip(present, views, strict=True)), np.zeros((1, max_len), np.int64))
+
+    def _mask_changed(self) -> None:
+        self._mask.write(self._mask_host)

@@ -1,0 +1,242 @@
+"""The ASGI app: OpenAI-compatible routes over one pack (Starlette).
+
+    POST /v1/completions        prompt (text or ids) -> text          stream: true -> server-sent events
+    POST /v1/chat/completions   messages -> the model's chat template -> assistant text
+    GET  /v1/models             the one model served
+    GET  /health                200 while serving, 503 while shutting down
+    GET  /metrics               Prometheus text (specpack.serve.metrics)
+
+A request is parsed and checked (400 with an OpenAI error object), queued (429 when the queue is full), and
+answered from the decoder's events. A client that disconnects, whether waiting or decoding, aborts its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from specpack.errors import SpecpackError
+from specpack.serve.api_errors import APIError, bad_request, from_specpack, from_validation, request_param
+from specpack.serve.config import ServeConfig
+from specpack.serve.decoder import Aborted, Decoder, DecodeSpec, Done, Event, Failed, Job, Piece
+from specpack.serve.metrics import ServerMetrics, StatusMiddleware
+from specpack.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from specpack.serve.responses import Shapes, sse
+from specpack.validation import PackLimits, check_context, check_generate_args
+
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: the rest of the context
+R = TypeVar("R", bound=SamplingRequest)
+
+
+def build_app(pack: Any, config: ServeConfig) -> Starlette:
+    """The app over a loaded pack; its lifespan starts and stops the decoder."""
+    metrics = ServerMetrics()
+    decoder = Decoder(pack, metrics, k=config.k, max_queue=config.max_queue, timeout_s=config.timeout_s)
+    api = Api(pack, decoder, metrics, config.served_name)
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        decoder.start()
+        yield
+        await decoder.close()
+
+    routes = [
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics_text, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.add_middleware(StatusMiddleware, metrics=metrics, routes=frozenset(r.path for r in routes))
+    app.state.decoder = decoder
+    return app
+
+
+class Api:
+    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str) -> None:
+        self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, model
+
+    async def completions(self, request: Request) -> Response:
+        req = await self._parse(request, CompletionRequest)
+        prompt = req.prompt
+        if isinstance(prompt, list) and not isinstance(prompt[0], int):  # a batch: [text] or [[ids]]
+            if len(prompt) > 1:
+                raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt",
+                                  code="unsupported_value")
+            prompt = prompt[0]
+        try:
+            ids = self.pack.encode(prompt)
+        except SpecpackError as err:
+            raise from_specpack(err, param="prompt") from err
+        spec = self._spec(req, ids, req.max_tokens, param="prompt")
+        return await self._answer(request, req, spec, Shapes(self.model, chat=False))
+
+    async def chat_completions(self, request: Request) -> Response:
+        req = await self._parse(request, ChatCompletionRequest)
+        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
+        try:
+            ids = self.pack.tokenizer.encode_messages(messages, add_generation_prompt=True)
+        except SpecpackError as err:
+            raise from_specpack(err, param="messages") from err
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        spec = self._spec(req, ids, max_tokens, param="messages")
+        return await self._answer(request, req, spec, Shapes(self.model, chat=True))
+
+    async def models(self, _: Request) -> Response:
+        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "specpack",
+                "max_model_len": self.pack.manifest.max_len}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, _: Request) -> Response:
+        if self.decoder.draining:
+            return JSONResponse({"status": "shutting down"}, status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_text(self, _: Request) -> Response:
+        body, content_type = self.metrics.exposition()
+        return Response(body, media_type=content_type)
+
+    async def _parse(self, request: Request, model: type[R]) -> R:
+        try:
+            req = model.model_validate_json(await request.body())
+        except ValidationError as err:
+            raise from_validation(err) from err
+        if req.model != self.model:
+            raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{self.model}'",
+                           param="model", code="model_not_found")
+        req.check_supported()
+        return req
+
+    def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str) -> DecodeSpec:
+        """The request's arguments with OpenAI's defaults (temperature 1), checked by specpack.validation as
+        Pack.generate checks them, and the context-length check, before the request is queued."""
+        m = self.pack.manifest
+        if max_tokens is None:
+            max_tokens = max(1, m.max_len - len(ids)) if isinstance(req, ChatCompletionRequest) else DEFAULT_COMPLETION_TOKENS
+        temperature = 1.0 if req.temperature is None else req.temperature
+        top_k = 0 if req.top_k in (None, -1) else req.top_k
+        top_p = 1.0 if req.top_p is None else req.top_p
+        try:
+            args = check_generate_args(ids, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=req.seed,
+                                       limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
+        except SpecpackError as err:
+            raise from_specpack(err, param=request_param(err), code="invalid_value") from err
+        try:
+            check_context(len(ids), max_tokens, m.max_len)
+        except SpecpackError as err:
+            raise bad_request(f"This model's maximum context length is {m.max_len} tokens. However, you requested "
+                              f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
+                              f"completion). Please reduce the length of the {param} or max_tokens.",
+                              param=param, code="context_length_exceeded") from err
+        return DecodeSpec(args, req.stop_strings())
+
+    async def _answer(self, request: Request, req: SamplingRequest, spec: DecodeSpec, shapes: Shapes) -> Response:
+        """Queue the job; answer with one JSON body, or stream once the first event is in."""
+        job = self.decoder.submit(spec)
+        watcher = _on_disconnect(request, lambda: self.decoder.abort(job, "disconnect"))
+        streaming = False
+        try:
+            if not req.stream:
+                return await _collect(job, shapes)
+            first = await job.next()
+            if isinstance(first, Aborted | Failed):
+                raise _event_error(first)
+            streaming = True
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return JobStream(_sse_events(shapes, job, first, include_usage), job, self.decoder)
+        finally:
+            watcher.cancel()
+            if not streaming:
+                self.decoder.release(job)
+
+
+class JobStream(StreamingResponse):
+    """Server-sent events of one job; however the response ends (done, client gone, cancelled), the job is released."""
+
+    def __init__(self, content: AsyncIterator[str], job: Job, decoder: Decoder) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.job, self.decoder = job, decoder
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.decoder.release(self.job)
+
+
+async def _collect(job: Job, shapes: Shapes) -> Response:
+    """The whole answer as one JSON body."""
+    text: list[str] = []
+    while isinstance(event := await job.next(), Piece):
+        text.append(event.text)
+    if not isinstance(event, Done):
+        raise _event_error(event)
+    return JSONResponse(shapes.response("".join(text), event))
+
+
+async def _sse_events(shapes: Shapes, job: Job, first: Event, include_usage: bool) -> AsyncIterator[str]:
+    for chunk in shapes.opening():
+        yield sse(chunk)
+    event = first
+    while True:
+        if isinstance(event, Piece):
+            yield sse(shapes.piece(event.text))
+        elif isinstance(event, Done):
+            for chunk in shapes.closing(event, include_usage):
+                yield sse(chunk)
+            break
+        else:  # the status line is sent: the error goes in the stream, as OpenAI's client expects
+            yield sse(_event_error(event).body())
+            break
+        event = await job.next()
+    yield sse("[DONE]")
+
+
+def _event_error(event: Event) -> APIError:
+    if isinstance(event, Failed):
+        return event.error
+    reason = event.reason if isinstance(event, Aborted) else "unexpected event"
+    if reason == "timeout":
+        return APIError(504, "the request took longer than the server's --timeout and was cancelled",
+                        type="timeout_error", code="timeout")
+    if reason == "shutdown":
+        return APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+    return APIError(499, "the client closed the request", code="client_closed_request")
+
+
+def _on_disconnect(request: Request, callback: Callable[[], None]) -> asyncio.Task[None]:
+    """A task that calls `callback` if the client disconnects (before the response starts; cancel it then)."""
+
+    async def watch() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        callback()
+
+    return asyncio.get_running_loop().create_task(watch())
+
+
+async def _api_error(_: Request, err: Exception) -> Response:
+    assert isinstance(err, APIError)
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+async def _http_error(_: Request, err: Exception) -> Response:
+    assert isinstance(err, HTTPException)
+    return await _api_error(_, APIError(err.status_code, str(err.detail), code=f"http_{err.status_code}"))
+
+
+async def _internal_error(_: Request, err: Exception) -> Response:
+    return await _api_error(_, APIError(500, f"internal error: {type(err).__name__}", type="server_error"))

@@ -1,0 +1,38 @@
+"""The server's settings: one frozen dataclass, its defaults in one place (the CLI reads them from here)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from specpack.errors import SpecpackError
+from specpack.limits import check_k
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    pack: Path
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "cpu"              # a registered backend (specpack.runtime.backend.BACKENDS)
+    k: int | None = None             # drafts per step; None: the pack's k_max
+    max_queue: int = 32              # requests waiting for the decoder (besides the one decoding); more get 429
+    timeout_s: float = 600.0         # a request still unanswered after this long is cancelled (504)
+    shutdown_grace_s: float = 30.0   # on SIGTERM, in-flight requests get this long to finish, then are cancelled
+    model_name: str | None = None    # the `model` clients send; None: the pack directory's name
+
+    def __post_init__(self) -> None:
+        if self.k is not None:
+            check_k(self.k, what="--k")  # against the pack's k_max once it is loaded (server.load_pack)
+        if self.max_queue < 0:
+            raise SpecpackError("invalid --max-queue", expected="an integer >= 0", found=str(self.max_queue))
+        if not self.timeout_s > 0:
+            raise SpecpackError("invalid --timeout", expected="seconds > 0", found=str(self.timeout_s))
+        if not self.shutdown_grace_s >= 0:
+            raise SpecpackError("invalid --shutdown-grace", expected="seconds >= 0", found=str(self.shutdown_grace_s))
+        if not 0 <= self.port < 65536:
+            raise SpecpackError("invalid --port", expected="0..65535", found=str(self.port))
+
+    @property
+    def served_name(self) -> str:
+        return self.model_name or Path(self.pack).resolve().name

@@ -1,0 +1,248 @@
+"""One decode at a time per pack: a bounded FIFO of jobs, a dispatcher task and one worker thread (docs/serving.md).
+
+    handler ─ submit(spec) ─> waiting (deque, <= max_queue; full: 429) ─> dispatcher ─> worker thread
+       ^                                                               one at a time     pack.generate(on_text=...,
+       └──── job.events (asyncio.Queue): Piece*, then Done | Aborted | Failed <─────     cancel=job.halt)
+                                                                     call_soon_threadsafe
+
+Stopping a decode early: abort(job, reason) (client gone, timeout, shutdown) or a stop string sets job.halt,
+which is the runtime's cancel event: the loop checks it before every step, so generation stops within one step
+and returns with its statistics. The dispatcher waits for the worker to return before it takes the next job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from specpack.errors import SpecpackError
+from specpack.runtime.stop_strings import StopMatcher
+from specpack.serve.api_errors import APIError, from_specpack
+from specpack.serve.metrics import ServerMetrics
+from specpack.validation import GenerateArgs
+
+log = logging.getLogger("specpack.serve")
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What one request asks the pack to generate: arguments checked by specpack.validation, and stop strings."""
+
+    args: GenerateArgs             # prompt ids, max_new_tokens, sampling, seed (k: the server's)
+    stop: list[str] = field(default_factory=list)
+
+    @property
+    def ids(self) -> list[int]:
+        assert isinstance(self.args.prompt, list)  # the server encodes text before it checks the arguments
+        return self.args.prompt
+
+
+@dataclass(frozen=True)
+class Piece:
+    text: str                      # new output text, stop strings already cut
+
+
+@dataclass(frozen=True)
+class Done:
+    finish_reason: str             # "stop" (eos or a stop string) | "length"
+    prompt_tokens: int
+    completion_tokens: int
+    stats: dict[str, Any]          # the runtime's statistics (Generation.stats)
+
+
+@dataclass(frozen=True)
+class Aborted:
+    reason: str                    # "disconnect" | "timeout" | "shutdown"
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: APIError
+
+
+Event = Piece | Done | Aborted | Failed
+
+
+class Job:
+    def __init__(self, spec: DecodeSpec, loop: asyncio.AbstractEventLoop) -> None:
+        self.spec = spec
+        self.arrival = time.monotonic()
+        self.halt = threading.Event()      # the runtime's cancel event: set, no further step starts (abort, stop string)
+        self.aborted: str | None = None
+        self.finished = False              # the consumer has seen the last event
+        self.events: asyncio.Queue[Event] = asyncio.Queue()
+        self.timer: asyncio.TimerHandle | None = None
+        self._loop = loop
+
+    def post(self, event: Event) -> None:
+        """From the worker thread."""
+        self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    async def next(self) -> Event:
+        event = await self.events.get()
+        if not isinstance(event, Piece):
+            self.finished = True
+        return event
+
+    async def stream(self) -> AsyncIterator[Event]:
+        """Every event up to and including the last one."""
+        while not self.finished:
+            yield await self.next()
+
+
+class Decoder:
+    """Owns the pack: jobs are decoded in arrival order, one at a time, in one worker thread."""
+
+    def __init__(self, pack: Any, metrics: ServerMetrics, *, k: int | None, max_queue: int, timeout_s: float) -> None:
+        self.pack, self.metrics = pack, metrics
+        self.k, self.max_queue, self.timeout_s = k, max_queue, timeout_s
+        self.draining = False
+        self._waiting: deque[Job] = deque()
+        self._wakeup: asyncio.Event | None = None
+        self._current: Job | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specpack-decode")
+        self._task: asyncio.Task[None] | None = None
+        self._running: asyncio.Future[None] | None = None
+        self._mean_s = 1.0  # recent decode time, for Retry-After
+
+    # --- the event loop's side ---------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._dispatch())
+
+    def submit(self, spec: DecodeSpec) -> Job:
+        """Queue a decode, or refuse it at once: 503 while shutting down, 429 when the queue is full."""
+        if self.draining or self._wakeup is None:
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        if len(self._waiting) >= self.max_queue and (self._current is not None or self._waiting):
+            retry = max(1, math.ceil(self._mean_s * (len(self._waiting) + 1)))
+            raise APIError(429, f"the queue is full ({len(self._waiting)} requests waiting); retry in {retry} s",
+                           type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})
+        loop = asyncio.get_running_loop()
+        job = Job(spec, loop)
+        job.timer = loop.call_later(self.timeout_s, self.abort, job, "timeout")
+        self._waiting.append(job)
+        self.metrics.queue_depth.set(len(self._waiting))
+        self._wakeup.set()
+        return job
+
+    def abort(self, job: Job, reason: str) -> None:
+        """Stop a job wherever it is (waiting or decoding); its consumer gets Aborted(reason)."""
+        if job.finished or job.aborted is not None:
+            return
+        job.aborted = reason
+        job.halt.set()
+        if job in self._waiting:
+            self._waiting.remove(job)
+            self.metrics.queue_depth.set(len(self._waiting))
+        self.metrics.cancelled.labels(reason).inc()
+        job.events.put_nowait(Aborted(reason))
+
+    def release(self, job: Job, reason: str = "disconnect") -> None:
+        """The consumer is done with the job (answered, or gone): stop it if it still runs."""
+        if job.timer is not None:
+            job.timer.cancel()
+        self.abort(job, "shutdown" if self.draining else reason)
+
+    def drain(self, grace_s: float | None = None) -> None:
+        """Shutting down: refuse new requests, abort the waiting ones; the decoding one may go on for grace_s
+        seconds (None: until it ends), then is aborted (its client gets a 503, in the stream if one started)."""
+        self.draining = True
+        for job in list(self._waiting):
+            self.abort(job, "shutdown")
+        if grace_s is not None:
+            asyncio.get_running_loop().call_later(grace_s, self._abort_current)
+
+    def _abort_current(self) -> None:
+        if self._current is not None:
+            self.abort(self._current, "shutdown")
+
+    async def close(self) -> None:
+        """Abort everything, wait for the worker, stop the dispatcher."""
+        self.drain()
+        self._abort_current()
+        if self._running is not None:
+            await asyncio.wait([self._running])
+        if self._task is not None:
+            self._task.cancel()
+        self._executor.shutdown(wait=True)
+
+    async def _dispatch(self) -> None:
+        assert self._wakeup is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._waiting:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            job = self._current = self._waiting.popleft()
+            self.metrics.queue_depth.set(len(self._waiting))
+            self.metrics.running.set(1)
+            self._running = loop.run_in_executor(self._executor, self._decode, job)
+            try:
+                await asyncio.wait([self._running])  # cancelling the dispatcher leaves the worker be: close() waits
+            finally:
+                self._current = None
+                self.metrics.running.set(0)
+
+    # --- the worker thread's side ------------------------------------------------------------------------------
+
+    def _decode(self, job: Job) -> None:
+        """Run one job to its end, posting its events; never raises."""
+        if job.halt.is_set():
+            return
+        started = time.monotonic()
+        try:
+            done = self._generate(job)
+            if done is not None:
+                job.post(done)
+        except SpecpackError as err:
+            job.post(Failed(from_specpack(err)))
+        except Exception as err:  # a bug: report it as a 500 without the traceback, log it with one
+            log.exception("decode failed")
+            job.post(Failed(APIError(500, f"internal error: {type(err).__name__}", type="server_error")))
+        finally:
+            self._mean_s = 0.8 * self._mean_s + 0.2 * (time.monotonic() - started)
+
+    def _generate(self, job: Job) -> Done | None:
+        """pack.generate with the job's halt as its cancel event; None when the job was aborted (its consumer
+        already has Aborted)."""
+        spec, args, metrics = job.spec, job.spec.args, self.metrics
+        matcher = StopMatcher(spec.stop)
+        last: float | None = None  # when on_text was last called
+
+        def on_text(piece: str) -> None:
+            nonlocal last
+            now = time.monotonic()
+            if last is None:
+                metrics.ttft.observe(now - job.arrival)
+            else:
+                metrics.itl.observe(now - last)
+            last = now
+            if matcher.hit is None:
+                out = matcher.push(piece)
+                if out.text:
+                    job.post(Piece(out.text))
+                if out.stopped:
+                    job.halt.set()  # the loop stops before its next step
+
+        s = args.sampling
+        gen = self.pack.generate(spec.ids, args.max_new_tokens, k=self.k, temperature=s.temperature, top_k=s.top_k,
+                                 top_p=s.top_p, seed=args.seed, on_text=on_text, cancel=job.halt)
+        metrics.prompt_tokens.inc(len(spec.ids))
+        metrics.generated_tokens.inc(len(gen.tokens))
+        metrics.observe_stats(gen.stats)
+        if matcher.hit is None and gen.finish_reason == "cancelled":
+            return None
+        if matcher.hit is None and (tail := matcher.flush()):
+            job.post(Piece(tail))
+        finish = "stop" if gen.finish_reason == "eos" or matcher.hit is not None else "length"
+        return Done(finish, len(spec.ids), len(gen.tokens), gen.stats)

@@ -1,0 +1,102 @@
+"""Load a pack and serve it with uvicorn until SIGTERM or SIGINT.
+
+Shutdown (SIGTERM, SIGINT): uvicorn stops accepting connections; the decoder refuses new requests (503) and
+aborts the waiting ones (503); the running decode may finish within `shutdown_grace_s`, after which it is
+aborted (a 503, in the stream if one started: the response still ends cleanly). uvicorn waits for the
+responses to end (cancelling their tasks only as a backstop, BACKSTOP_S later), the app's lifespan waits for
+the worker thread, and the pack is closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+import uvicorn
+
+from specpack.errors import SpecpackError
+from specpack.limits import check_k
+from specpack.serve.app import build_app
+from specpack.serve.config import ServeConfig
+from specpack.serve.decoder import Decoder
+
+BACKSTOP_S = 10  # after the grace period, how long uvicorn waits for responses to end before cancelling them
+
+
+def load_pack(config: ServeConfig) -> Any:
+    """specpack.load(PACK, device=...), and --k checked against the pack's k_max."""
+    import specpack
+
+    pack = specpack.load(config.pack, device=config.device)
+    if config.k is not None:
+        try:
+            check_k(config.k, pack.manifest.k_max, what="--k")
+        except SpecpackError:
+            pack.close()
+            raise
+    return pack
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which also tells the decoder to drain as soon as a shutdown signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, decoder: Decoder, grace_s: float) -> None:
+        super().__init__(config)
+        self.decoder, self.grace_s = decoder, grace_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def serve(self, sockets: Any = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().serve(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._loop is not None:  # a signal handler: hand the work to the event loop
+            self._loop.call_soon_threadsafe(self.decoder.drain, self.grace_s)
+        super().handle_exit(sig, frame)
+
+
+def serve(config: ServeConfig, pack: Any = None) -> None:
+    """Serve the pack (loaded from config.pack unless given); blocks until shutdown, then closes the pack."""
+    pack = load_pack(config) if pack is None else pack
+    try:
+        app = build_app(pack, config)
+        uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", lifespan="on",
+                                   timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + BACKSTOP_S)
+        DrainingServer(uv_config, app.state.decoder, config.shutdown_grace_s).run()
+    finally:
+        pack.close()
+
+
+@contextmanager
+def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
+    """Serve an app (build_app's) from a thread of this process on a free port; yields its URL, stops on exit.
+
+    For tests and benchmarks, and for services that embed the server: no signal handling (uvicorn installs none
+    outside the main thread), so the caller stops it by leaving the block.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="specpack-serve")
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            sock.close()
+            raise SpecpackError("the server did not start", expected="uvicorn started within 60 s",
+                                found="a thread that died" if not thread.is_alive() else "still starting")
+        time.sleep(0.02)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=60)
+        sock.close()

@@ -1,0 +1,88 @@
+"""The cuda backend on a GPU (ONNX Runtime's CUDA EP, captured CUDA graphs). Marked `gpu`: skipped where the
+CUDA execution provider is missing; run on the test GPU (bench/README.md, "GPU").
+
+    greedy    speculative tokens (k = 1, 4, 8) == the target alone (k = 0) on the same GPU, for an fp32 pack (standard
+              attention) and an fp16 pack (GroupQueryAttention, whose greedy sessions must capture CUDA graphs)
+    sampling  chi-square of speculative samples against the target's exact distribution (tests/e2e's partitions)
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specpack
+from specpack.graphs import oracle
+from specpack.runtime.pack import Pack
+from specpack.sampling import SamplingParams
+
+ort = pytest.importorskip("onnxruntime")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                                                  reason="needs ONNX Runtime's CUDA execution provider and a GPU")]
+
+
+FORMS = [("fp32", "standard"), ("fp16", "gqa")]  # fp32 in the standard form: the CUDA EP's GQA is fp16 / bf16
+
+
+@pytest.mark.parametrize(("dtype", "attention"), FORMS, ids=[f"{d}-{a}" for d, a in FORMS])
+def test_greedy_on_the_gpu_equals_the_target_alone(tiny_pairs, tmp_path_factory, dtype: str, attention: str) -> None:
+    from specpack.export.config import ExportConfig
+    from specpack.export.pipeline import export_pack
+
+    draft_dir, target_dir = tiny_pairs("qwen2", "noisy", head_dim=16)
+    greedy_pack = tmp_path_factory.mktemp(f"gpu-{dtype}-{attention}") / "pack"
+    export_pack(str(draft_dir), str(target_dir), greedy_pack,
+                ExportConfig(k=8, dtype=dtype, kv_cache="static", attention=attention, isolate=False))
+    gpu = specpack.load(greedy_pack, device="cuda")
+    cpu = specpack.load(greedy_pack) if dtype == "fp32" else None
+    long_ids = np.random.default_rng(3).integers(0, gpu.tokenizer.vocab_size - 8, 80).tolist()
+    same_as_cpu = 0
+    for prompt in ["def add(a, b):", "Hello", [5], long_ids]:
+        alone = gpu.generate(prompt, 40, k=0).tokens
+        if cpu is not None:  # informative only: CUDA and CPU kernels round apart
+            same_as_cpu += alone == cpu.generate(prompt, 40, k=0).tokens
+        for k in (1, 4, 8):
+            assert gpu.generate(prompt, 40, k=k).tokens == alone, (prompt, k)
+    report = gpu.backend.capture_report()  # type: ignore[attr-defined]
+    print(f"{dtype} {attention}: target alone on the GPU == on the CPU: "
+          f"{same_as_cpu if cpu is not None else 'n/a'} of 4 prompts; {report}")
+    if attention == "gqa":  # the fp32 standard-form graph was not captured on the H200 (nodes left on the CPU)
+        assert report["target"]["capture"] and report["target"]["captured_graphs"] >= 2, report
+        assert report["draft"]["capture"] and report["draft"]["captured_graphs"] >= 1, report
+
+
+SAMPLING = [SamplingParams(1.0), SamplingParams(1.0, top_p=0.8)]
+
+
+@pytest.fixture(scope="module")
+def sampling_dirs(tiny_pack) -> tuple[Path, Path, Path]:
+    return tiny_pack("qwen2", "noisy", kv_cache="static", attention="standard")
+
+
+@pytest.mark.parametrize("params", SAMPLING, ids=lambda p: f"T{p.temperature:g}-topp{p.top_p:g}")
+def test_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: tuple[Path, Path, Path],
+                                                          params: SamplingParams) -> None:
+    from tests.distribution import ExactPartition, chi_square_pvalue
+    from tests.e2e.test_sampling_distribution import P_FAIL, SAMPLES, TargetLogits, draw_samples
+
+    pack: Pack = specpack.load(sampling_dirs[0], device="cuda")
+    prompt = pack.encode("def add(a, b):")
+    logits = TargetLogits(sampling_dirs[2], prompt)
+    k = 3
+
+    @cache
+    def partition(length: int) -> ExactPartition:
+        return ExactPartition.build(lambda prefixes: oracle.transform(logits(prefixes), params), length,
+                                    pack.eos_ids, SAMPLES)
+
+    part = partition(k + 2)
+    samples = draw_samples(pack, pack.drafter, prompt, params, k, seed=11, decided=part.decided)
+    p = chi_square_pvalue([part.bin_of(s) for s in samples.continuations], part.probs)
+    print(f"cuda T={params.temperature} top_p={params.top_p} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert 0.2 < samples.alpha < 0.95
+    assert p > P_FAIL
+
+

@@ -1,0 +1,195 @@
+"""Adaptive k on simulated steps (a fake clock: each step takes k d + V(k), acceptance drawn per position) and
+through the loop: k = 0 when drafts are slow or rejected, large k when they are accepted and cheap, the best
+k in between, exploration after a run of k = 0, determinism, and greedy output equal to the target alone's."""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+from harness import bigram_backend, greedy_reference, run, table
+
+from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, MeasuredCosts, PriorCosts, _interpolate
+from specpack.runtime.drafter import Drafter, ModelDrafter
+from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+
+CPU_V = [1.0, 1.07, 1.17, 1.2, 1.22, 1.26, 1.29, 1.32, 1.35]  # v(k) measured on the 2-core CPU (bench/README.md)
+
+
+def simulate(policy: AdaptiveK, steps: int, d: float, v: Callable[[int], float],
+             acceptance: Callable[[int], float], seed: int = 0) -> list[int]:
+    """Run `steps` steps: k from the policy, i.i.d. acceptance per position (acceptance(step)), time k d + v(k)."""
+    rng = np.random.default_rng(seed)
+    ks = []
+    for step in range(steps):
+        k = policy.next_k(None)  # type: ignore[arg-type]  # the policy does not read the state
+        n = 0
+        while n < k and rng.random() < acceptance(step):
+            n += 1
+        policy.observe(k, n, k * d + v(k), k * d)
+        ks.append(k)
+    return ks
+
+
+def best_rate_k(a: float, d: float, v: Callable[[int], float], k_max: int) -> tuple[int, list[float]]:
+    """The k of the highest expected tokens per unit time under i.i.d. acceptance a (Leviathan et al.)."""
+    rates = [sum(a**j for j in range(k + 1)) / (k * d + v(k)) for k in range(k_max + 1)]
+    return int(np.argmax(rates)), rates
+
+
+def test_k0_when_drafts_are_slow() -> None:
+    ks = simulate(AdaptiveK(8), 300, d=1.5, v=lambda k: 1.0 + 0.05 * k, acceptance=lambda _: 0.9)
+    assert ks[0] == 4 and 0 not in ks[:4]  # the first k, then min_drafting steps that verify drafts
+    assert ks[4:8] == [0] * 4                # then the plain step wins
+    assert Counter(ks)[0] >= 0.9 * len(ks)
+    probes = [i for i, k in enumerate(ks) if k > 0 and i >= 4]
+    assert probes and all(b - a >= 8 for a, b in itertools.pairwise(probes))  # rare, and rarer
+    assert probes[-1] - probes[-2] > probes[1] - probes[0]
+
+
+def test_k0_when_drafts_are_rejected() -> None:
+    ks = simulate(AdaptiveK(8), 300, d=0.05, v=lambda k: 1.0 + 0.04 * k, acceptance=lambda _: 0.0)
+    assert Counter(ks)[0] >= 0.9 * len(ks)
+
+
+def test_large_k_when_drafts_are_accepted_and_cheap() -> None:
+    ks = simulate(AdaptiveK(8), 200, d=0.001, v=lambda k: 1.0 + 0.01 * k, acceptance=lambda _: 0.97)
+    assert Counter(ks[20:]).most_common(1)[0][0] == 8
+    assert Counter(ks[20:])[8] >= 0.8 * len(ks[20:])
+
+
+@pytest.mark.parametrize("a", [0.6, 0.8, 0.9])
+def test_near_the_best_k_in_between(a: float) -> None:
+    """CPU-like costs (c = 0.35, v(k) measured): the throughput reached is within 5 % of the best fixed k's."""
+    d, v = 0.35, CPU_V.__getitem__
+    best, rates = best_rate_k(a, d, v, 8)
+    ks = simulate(AdaptiveK(8), 400, d=d, v=v, acceptance=lambda _: a, seed=3)
+    reached = sum(rates[k] * (k * d + v(k)) for k in ks) / sum(k * d + v(k) for k in ks)  # tokens / time, expected
+    assert reached >= 0.95 * rates[best], (best, Counter(ks))
+    assert abs(Counter(ks).most_common(1)[0][0] - best) <= 1
+
+
+def test_explores_again_after_a_run_of_k0() -> None:
+    """Drafts rejected for 60 steps (k = 0 wins), then accepted: drafting resumes within a few probes."""
+    ks = simulate(AdaptiveK(8), 160, d=0.1, v=lambda k: 1.0 + 0.04 * k, acceptance=lambda step: 0.0 if step < 60 else 0.95)
+    assert Counter(ks[20:60])[0] >= 35
+    resumed = next(i for i in range(60, 160) if all(k > 0 for k in ks[i : i + 10]))
+    assert resumed <= 60 + 64  # the longest probe interval
+    assert Counter(ks[resumed:]).most_common(1)[0][0] >= 4
+
+
+def test_explores_the_neighbours_of_the_best_k() -> None:
+    ks = simulate(AdaptiveK(8), 200, d=0.001, v=lambda k: 1.0 + 0.01 * k, acceptance=lambda _: 0.97)
+    assert 7 in ks[20:]  # k_max wins; its neighbour below is still measured now and then
+
+
+def test_deterministic_given_the_timings() -> None:
+    args = {"steps": 150, "d": 0.35, "v": CPU_V.__getitem__, "acceptance": lambda step: 0.85 if step % 50 < 30 else 0.3}
+    assert simulate(AdaptiveK(8), **args) == simulate(AdaptiveK(8), **args)  # type: ignore[arg-type]
+
+
+def test_within_the_packs_k_range() -> None:
+    for k_max in (0, 1, 2):
+        ks = simulate(AdaptiveK(k_max), 100, d=0.001, v=lambda k: 1.0, acceptance=lambda _: 0.99)
+        assert set(ks) <= set(range(k_max + 1))
+        assert k_max == 0 or Counter(ks).most_common(1)[0][0] == k_max
+
+
+def test_prior_costs_ignore_the_clock() -> None:
+    """Seeded sampling: the same acceptance gives the same ks whatever the times were."""
+    def ks_with(d: float) -> list[int]:
+        return simulate(AdaptiveK(8, costs=PriorCosts(0.5)), 100, d=d, v=lambda k: 1.0 + k, acceptance=lambda _: 0.8)
+
+    assert ks_with(0.01) == ks_with(5.0) and set(ks_with(0.01)) != {0}
+
+
+def test_interpolated_costs() -> None:
+    known = [(0, 1.0), (4, 1.4)]
+    assert [round(_interpolate(known, k, 0.0), 6) for k in (0, 2, 4, 6)] == [1.0, 1.2, 1.4, 1.6]
+    assert _interpolate([(4, 1.4)], 2, 0.0) == 1.4 and _interpolate([(4, 1.4)], 8, 0.0) == 1.4
+    assert _interpolate([(4, 1.4)], 0, 0.1) == pytest.approx(1.0)  # one k known: the prior relative slope
+    assert _interpolate([(0, 1.0), (2, 1.3), (4, 1.2)], 8, 0.0) == 1.2  # a falling last segment extrapolates flat
+    assert _interpolate([(2, 1.2), (4, 1.4)], 0, 0.0) == pytest.approx(1.0)  # below: the first segment's slope
+    costs = MeasuredCosts(4, window=3, verify_slope=0.0)
+    for elapsed in (9.0, 1.0, 1.2, 1.1):  # a spike, then forgotten: the median of the last 3
+        costs.observe(0, elapsed, 0.0)
+    costs.observe(2, 2.0, 0.6)  # d = 0.3 per draft, V(2) = 1.4
+    out = [0.0] * 5
+    costs.step_times(out)
+    assert out == pytest.approx([1.1, 0.3 + 1.25, 0.6 + 1.4, 0.9 + 1.55, 1.2 + 1.7])
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class TimedTarget:
+    """The reference target, taking V(k) on the fake clock."""
+
+    def __init__(self, real, clock: FakeClock, v: Callable[[int], float]) -> None:  # type: ignore[no-untyped-def]
+        self.real, self.clock, self.v = real, clock, v
+
+    def reset(self, state: DecodeState) -> None:
+        self.real.reset(state)
+
+    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
+        self.clock.now += self.v(proposal.k)
+        return self.real.verify(state, proposal)  # type: ignore[no-any-return]
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.real.rollback(state, length)
+
+
+class TimedDrafter:
+    def __init__(self, real: Drafter, clock: FakeClock, d: float) -> None:
+        self.real, self.clock, self.d = real, clock, d
+
+    def begin(self, state: DecodeState) -> None:
+        self.real.begin(state)
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        proposal = self.real.propose(state, k)
+        self.clock.now += self.d * proposal.k
+        return proposal
+
+    def commit(self, state: DecodeState) -> None:
+        self.real.commit(state)
+
+
+@pytest.mark.parametrize("kind", ["good-draft", "bad-draft", "ngram"])
+def test_through_the_loop_with_a_fake_clock(kind: str) -> None:
+    """The loop times the draft phase and the rest apart; greedy output equals the target alone's whatever k."""
+    from specpack.runtime.loop import decode
+    from specpack.runtime.state import DecodeState
+    from specpack.runtime.stats import DecodeStats
+    from specpack.sampling import SamplingParams, Uniforms
+
+    t = table(24, 0)
+    draft_table = t if kind != "bad-draft" else table(24, 9)
+    backend = bigram_backend(t, draft_table)
+    clock = FakeClock()
+    real: Drafter = NgramDrafter(NgramConfig(1, 3)) if kind == "ngram" else ModelDrafter(backend.draft)
+    drafter = TimedDrafter(real, clock, 0.3 if kind != "ngram" else 0.0)
+    policy = AdaptiveK(8, AdaptiveConfig())
+    params = SamplingParams()
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6] * 3
+    state = DecodeState.start(prompt, 80, params, Uniforms(params, 8), eos_ids=frozenset(), max_len=256, k_max=8,
+                              stats=DecodeStats(k=8, k_policy="auto"))
+    decode(state, TimedTarget(backend.target(), clock, CPU_V.__getitem__), drafter, policy, clock=clock)
+    assert state.out == greedy_reference(t, prompt, 80, frozenset())
+    hist = state.stats.k_asked_histogram
+    if kind == "bad-draft":  # never accepted: k = 0 nearly always
+        assert hist[0] >= 0.8 * state.stats.steps
+    elif kind == "good-draft":  # the draft is the target: always accepted, k_max once measured
+        assert hist[8] == max(hist) and hist[8] >= state.stats.steps - 4
+    assert state.stats.draft_s == pytest.approx(0.3 * state.stats.proposed if kind != "ngram" else 0.0)
+    # greedy with the same timings: the same ks (and run again through run(): a fixed k gives the same tokens)
+    assert run(backend, prompt, 80, 3)[0].out == state.out

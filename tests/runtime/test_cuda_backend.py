@@ -1,0 +1,95 @@
+"""The cuda backend's code on the CPU EP (device="cpu"): device buffers bound by pointer, the device static
+cache, the greedy form of the graphs, per-shape bindings made once. Same tokens as the cpu backend, greedy and
+sampled (same seed), through prefills, long prompts, every k, deterministic proposals and two slots.
+The CUDA run itself (CUDA EP, captured graphs) is tests/gpu/, marked `gpu`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specpack
+from specpack.deploy.manifest import Manifest
+from specpack.errors import SpecpackError
+from specpack.runtime.backend import BackendOptions
+from specpack.runtime.backends.cuda import CudaBackend
+from specpack.runtime.pack import Pack
+from specpack.runtime.tokenizer import PackTokenizer
+
+
+def device_pack(pack_dir: Path, slots: int = 1) -> Pack:
+    manifest = Manifest.read(pack_dir)
+    backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots), device="cpu")
+    return Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
+
+
+@pytest.fixture(scope="module")
+def static_pack(tiny_pack) -> Path:
+    return tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]
+
+
+def test_greedy_and_sampled_tokens_equal_the_cpu_backend(static_pack: Path) -> None:
+    cpu, dev = specpack.load(static_pack), device_pack(static_pack)
+    long_ids = np.random.default_rng(2).integers(0, cpu.tokenizer.vocab_size - 8, 60).tolist()  # > k_max + 1
+    for prompt in ["def add(a, b):", [5], long_ids]:
+        for k in (0, 1, 3, 8):
+            assert dev.generate(prompt, 24, k=k).tokens == cpu.generate(prompt, 24, k=k).tokens, (prompt, k)
+        sampled = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}
+        assert dev.generate(prompt, 24, k=4, **sampled).tokens == cpu.generate(prompt, 24, k=4, **sampled).tokens
+    assert dev.backend.target()._sessions.keys() == {True, False}  # type: ignore[attr-defined]
+
+
+def test_bindings_are_made_once_per_run_shape(static_pack: Path) -> None:
+    dev = device_pack(static_pack)
+    dev.generate("def add(a, b):", 20, k=4)
+    target = dev.backend.target()  # type: ignore[attr-defined]
+    first = dict(target.slots[0].bindings)
+    dev.generate("Hello there", 20, k=4)
+    assert {key: id(b) for key, b in target.slots[0].bindings.items() if key in first} == \
+           {key: id(b) for key, b in first.items()}
+    assert all(key[0] is True and key[1] <= dev.manifest.k_max + 1 for key in first)
+
+
+def test_deterministic_proposals_and_two_slots(static_pack: Path) -> None:
+    from specpack.runtime.k_policy import FixedK
+    from specpack.runtime.loop import decode
+    from specpack.runtime.state import DecodeState, Proposal
+    from specpack.runtime.stats import DecodeStats
+    from specpack.sampling import SamplingParams, Uniforms
+
+    cpu, dev = specpack.load(static_pack), device_pack(static_pack, slots=2)
+    m = dev.manifest
+
+    class Repeat:  # proposes the last committed token k times, q None (one-hot)
+        def begin(self, state: DecodeState) -> None: ...
+
+        def propose(self, state: DecodeState, k: int) -> Proposal:
+            state.ids[state.length : state.length + k] = state.ids[state.length - 1]
+            return Proposal(tokens=state.ids[state.length : state.length + k], q=None)
+
+        def commit(self, state: DecodeState) -> None: ...
+
+    def run(pack: Pack, slot: int, params: SamplingParams) -> list[int]:
+        ids = pack.encode("def f(x):")
+        state = DecodeState.start(ids, 20, params, Uniforms(params, m.k_max, seed=3), eos_ids=pack.eos_ids,
+                                  max_len=m.max_len, k_max=m.k_max, stats=DecodeStats(k=3), slot=slot)
+        decode(state, pack.backend.target(), Repeat(), FixedK(3))
+        return state.out
+
+    for params in (SamplingParams(), SamplingParams(temperature=0.9)):
+        want = run(cpu, 0, params)
+        assert run(dev, 1, params) == want and run(dev, 0, params) == want
+
+
+def test_refuses_fp32_gqa_graphs_on_cuda(static_pack: Path) -> None:
+    """ONNX Runtime's CUDA EP runs an fp32 GroupQueryAttention graph with copies of the cache (docs/cuda_backend.md)."""
+    with pytest.raises(SpecpackError, match="fp32 GroupQueryAttention"):
+        CudaBackend(static_pack, Manifest.read(static_pack), BackendOptions(), device="cuda")
+
+
+def test_refuses_concat_packs(tiny_pack) -> None:
+    pack_dir = tiny_pack("qwen2", "noisy")[0]
+    with pytest.raises(SpecpackError, match="static KV cache"):
+        CudaBackend(pack_dir, Manifest.read(pack_dir), BackendOptions(), device="cpu")

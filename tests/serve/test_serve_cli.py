@@ -1,0 +1,55 @@
+"""`specpack serve` on the command line: the web libraries load only when serving; bad options exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+from conftest import Live
+
+from specpack.cli.main import cli
+
+
+def test_the_cli_does_not_import_the_web_libraries() -> None:
+    code = ("import sys, specpack.cli.main; "
+            "bad = [m for m in ('starlette', 'uvicorn', 'prometheus_client', 'fastapi') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_help_lists_the_options() -> None:
+    result = CliRunner().invoke(cli, ["serve", "--help"])
+    assert result.exit_code == 0
+    for option in ("--host", "--port", "--device", "--k", "--max-queue", "--timeout", "--shutdown-grace"):
+        assert option in result.output
+
+
+def test_missing_pack_exits_2(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["serve", str(tmp_path / "nowhere")])
+    assert result.exit_code == 2 and result.output.startswith("error:"), result.output
+
+
+def test_k_above_the_packs_k_max_exits_2(live: Live) -> None:
+    k_max = live.reference.manifest.k_max
+    result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--k", str(k_max + 1)])
+    assert result.exit_code == 2 and "invalid --k" in result.output and f"0..{k_max}" in result.output, result.output
+
+
+def test_bad_option_values_exit_2() -> None:
+    for args in (["--max-queue", "-1"], ["--timeout", "0"], ["--port", "70000"]):
+        result = CliRunner().invoke(cli, ["serve", "PACK", *args])
+        assert result.exit_code == 2 and "invalid --" in result.output, (args, result.output)
+
+
+def test_device_reaches_the_runtime(live: Live) -> None:
+    """--device picks the backend through specpack.load: cuda is refused by the runtime here (no CUDA EP, or
+    not implemented yet), with its message and exit status 2, before anything listens."""
+    result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--device", "cuda", "--port", "0"])
+    assert result.exit_code == 2 and "cuda" in result.output, result.output
+
+
+def test_unknown_device_exits_2() -> None:
+    result = CliRunner().invoke(cli, ["serve", "PACK", "--device", "tpu"])
+    assert result.exit_code == 2 and "cpu" in result.output and "reference" in result.output, result.output
