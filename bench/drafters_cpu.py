@@ -59,7 +59,8 @@ QUIET_V = [1.0, 1.07, 1.17, 1.195, 1.22, 1.2525, 1.285, 1.3175, 1.35]  # v(0..8)
 
 
 def select_prompts(spec_bench: Path, humaneval: Path, categories: list[str], n: int) -> list[Any]:
-    """The first n prompts of each category (mt_bench: the first prompt of each of its first n categories)."""
+    """Up to n prompts of each category, in file order (mt_bench: the first prompt of each of its first n
+    categories); n may be larger than wanted: run() keeps the first ones that fit the pack."""
     from specpack.bench.prompts import BenchPrompt, read_prompt_file
 
     chosen: list[BenchPrompt] = []
@@ -90,8 +91,18 @@ def run(args: argparse.Namespace) -> None:
 
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
     pack = load(args.pack, threads=args.threads)
-    prompts = select_prompts(args.spec_bench, args.humaneval, args.categories, args.prompts_per_category)
-    encoded = [(p, pack.encode(p.text, chat=p.chat)) for p in prompts]
+    n = args.prompts_per_category
+    candidates = select_prompts(args.spec_bench, args.humaneval, args.categories, 4 * n)
+    encoded: list[tuple[Any, list[int]]] = []
+    for category in args.categories:  # the first n of each category whose prompt and output fit max_len
+        fitting = [(p, ids) for p in candidates if p.category == category
+                   for ids in [pack.encode(p.text, chat=p.chat)]
+                   if len(ids) + args.max_new_tokens <= pack.manifest.max_len]
+        skipped = sum(p.category == category for p in candidates) - len(fitting)
+        if skipped:
+            print(f"{category}: {skipped} of the first {4 * n} prompts do not fit max_len {pack.manifest.max_len}",
+                  file=sys.stderr)
+        encoded += fitting[:n]
     for config in args.configs:  # ONNX Runtime's arenas, and adaptive k's first cost measurements
         decode(pack, encoded[0][1], config, WARMUP_TOKENS)
     started = time.time()

@@ -265,32 +265,46 @@ def phase_real(args: argparse.Namespace, result: dict[str, Any]) -> None:
     real["source_dirs"] = {role: getattr(Manifest.read(pack_dir), role).source.resolved for role in ("draft", "target")}
 
 
+def configs(args: argparse.Namespace) -> list[tuple[str, str, int | None]]:
+    """(label, drafter, k) of each speculative run beside autoregressive: "spec" is the model drafter at k = args.k;
+    --configs adds e.g. model:auto,ngram:4,ngram:auto (labels "model-auto", "ngram-4", "ngram-auto")."""
+    runs: list[tuple[str, str, int | None]] = [("spec", "model", int(args.k))]
+    for item in filter(None, args.configs.split(",")):
+        drafter, k = item.split(":")
+        runs.append((f"{drafter}-{k}", drafter, None if k == "auto" else int(k)))
+    return runs
+
+
 def decode_real(pack: Any, args: argparse.Namespace, into: dict[str, Any]) -> None:
-    """c, v(k) at 256 tokens of context, then each prompt autoregressive (k = 0) and speculative (k), energy each."""
+    """c, v(k) at 256 tokens of context, then each prompt autoregressive (k = 0) and in every speculative
+    configuration (configs()), energy each; the runs of one prompt are back to back (same machine state)."""
     import gc
 
     from specpack.bench.timing import measure_step_costs
 
     k = int(args.k)
+    runs = configs(args)
     prompts = real_prompts(args)
     encoded = [(p, pack.encode(p.text, chat=p.chat)) for p in prompts]
-    pack.generate(encoded[0][1], 16, k=k)  # warm up: capture the graphs
+    for _, drafter, kk in runs:  # warm up: capture the graphs of every run shape
+        pack.generate(encoded[0][1], 16, k=kk, drafter=drafter)
     pack.generate(encoded[0][1], 16, k=0)
-    costs = measure_step_costs(pack, [k], 256, encoded[0][1], reps=30).to_dict()
+    costs = measure_step_costs(pack, list(range(1, K_MAX + 1)), 256, encoded[0][1], reps=30).to_dict()
     into["costs"] = costs
     rows = []
     for prompt, ids in encoded:
         row: dict[str, Any] = {"id": prompt.id, "prompt_tokens": len(ids)}
-        for label, kk in (("ar", 0), ("spec", k)):
+        for label, drafter, kk in [("ar", "model", 0), *runs]:
             with Energy() as energy:
-                out = pack.generate(ids, 128, k=kk)
+                out = pack.generate(ids, 128, k=kk, drafter=drafter)
             row[label] = {"tokens": out.tokens, "stats": out.stats, "joules": energy.joules}
-        row["identical"] = row["ar"]["tokens"] == row["spec"]["tokens"]
+        row["identical"] = all(row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in runs)
         rows.append(row)
-        log(f"{prompt.id}: ar {row['ar']['stats']['new_tokens']} tok, spec alpha {row['spec']['stats'].get('alpha')}, "
-            f"identical {row['identical']}")
+        log(f"{prompt.id}: ar {row['ar']['stats']['new_tokens']} tok, "
+            + ", ".join(f"{label} alpha {row[label]['stats'].get('alpha'):.2f}" for label, _, _ in runs)
+            + f", identical {row['identical']}")
     into["prompts"] = rows
-    into["summary"] = summarize(rows, costs, k)
+    into["summary"] = summarize(rows, costs, k, [label for label, _, _ in runs])
     into["capture"] = pack.backend.capture_report()
     log(json.dumps(into["summary"]))
     pack.close()
@@ -326,27 +340,37 @@ def phase_genai_pack(args: argparse.Namespace, result: dict[str, Any]) -> None:
     decode_real(open_genai_pack(pack_dir, manifest), args, entry)
 
 
-def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], k: int) -> dict[str, Any]:
+def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], k: int, labels: list[str]) -> dict[str, Any]:
+    """Per subset (all, humaneval, mtbench): the model drafter at k ("spec") at the top level, as before, and
+    every configuration under "configs": tokens/s, speedup over ar, alpha, tau, k histogram, identical."""
     def rate(label: str, subset: list[dict[str, Any]]) -> float:
         tokens = sum(r[label]["stats"]["new_tokens"] - 1 for r in subset)
         return tokens / sum(r[label]["stats"]["decode_s"] for r in subset)
 
+    def joules(label: str, subset: list[dict[str, Any]]) -> float:
+        return sum(r[label]["joules"] for r in subset) / sum(r[label]["stats"]["new_tokens"] for r in subset)
+
     out: dict[str, Any] = {}
     for name, subset in (("all", rows), ("humaneval", [r for r in rows if r["id"].startswith("HumanEval")]),
                          ("mtbench", [r for r in rows if not r["id"].startswith("HumanEval")])):
-        proposed = sum(r["spec"]["stats"]["proposed"] for r in subset)
-        accepted = sum(r["spec"]["stats"]["accepted"] for r in subset)
-        steps = sum(r["spec"]["stats"]["steps"] for r in subset)
-        tau = (accepted + steps) / steps if steps else 0.0  # stats.py: tokens per verify step
-        ar, spec = rate("ar", subset), rate("spec", subset)
-        out[name] = {"ar_tokens_per_s": ar, "spec_tokens_per_s": spec, "speedup": spec / ar,
-                     "alpha": accepted / proposed if proposed else 0.0, "tau": tau,
-                     "predicted_speedup": tau / (k * costs["c"] + costs["v"][str(k)]),
-                     "identical": f"{sum(r['identical'] for r in subset)}/{len(subset)}",
-                     "ar_joules_per_token": sum(r["ar"]["joules"] for r in subset)
-                     / sum(r["ar"]["stats"]["new_tokens"] for r in subset),
-                     "spec_joules_per_token": sum(r["spec"]["joules"] for r in subset)
-                     / sum(r["spec"]["stats"]["new_tokens"] for r in subset)}
+        ar = rate("ar", subset)
+        parts: dict[str, Any] = {}
+        for label in labels:
+            proposed = sum(r[label]["stats"]["proposed"] for r in subset)
+            accepted = sum(r[label]["stats"]["accepted"] for r in subset)
+            steps = sum(r[label]["stats"]["steps"] for r in subset)
+            hist = [sum(col) for col in zip(*(r[label]["stats"]["k_histogram"] for r in subset), strict=True)]
+            spec = rate(label, subset)
+            parts[label] = {"tokens_per_s": spec, "speedup": spec / ar, "alpha": accepted / proposed if proposed else 0.0,
+                            "tau": (accepted + steps) / steps if steps else 0.0,  # stats.py: tokens per verify step
+                            "k_histogram": hist, "joules_per_token": joules(label, subset),
+                            "identical": f"{sum(r[label]['tokens'] == r['ar']['tokens'] for r in subset)}/{len(subset)}"}
+        model = parts["spec"]
+        out[name] = {"ar_tokens_per_s": ar, "spec_tokens_per_s": model["tokens_per_s"], "speedup": model["speedup"],
+                     "alpha": model["alpha"], "tau": model["tau"],
+                     "predicted_speedup": model["tau"] / (k * costs["c"] + costs["v"][str(k)]),
+                     "identical": model["identical"], "ar_joules_per_token": joules("ar", subset),
+                     "spec_joules_per_token": model["joules_per_token"], "configs": parts}
     return out
 
 
@@ -543,6 +567,8 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="*", default=[])
     parser.add_argument("--limit", type=int, default=4)
     parser.add_argument("--k", default="4")
+    parser.add_argument("--configs", default="model:auto,ngram:4,ngram:auto",
+                        help="real / genai_pack phases: speculative runs beside ar and the model drafter at --k")
     parser.add_argument("--src-pack", help="genai_pack phase: a pack of the pair (manifest and tokenizer are read)")
     parser.add_argument("--spec-only", action="store_true", help="genai phase: its speculative mode alone")
     parser.add_argument("--rebuild-spec", action="store_true", help="rewrite the genai speculative folder's config")
