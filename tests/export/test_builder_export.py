@@ -108,13 +108,13 @@ def test_manifest_positions_are_strict() -> None:
     def drop_positions(graph: dict) -> None:
         graph["inputs"] = [s for s in graph["inputs"] if s["name"] != "position_ids"]
 
-    with pytest.raises(SpecpackError, match="lacks.*position_ids"):
+    with pytest.raises(SpecpackError, match=r"lacks.*position_ids"):
         parse(drop_positions)
     with pytest.raises(SpecpackError, match="needs kv_cache 'static'"):
         parse(lambda g: (drop_positions(g), g.update(positions="internal")))
-    with pytest.raises(SpecpackError, match="does not feed.*position_ids"):
+    with pytest.raises(SpecpackError, match=r"does not feed.*position_ids"):
         parse(lambda g: g.update(positions="internal", kv_cache="static"))
-    with pytest.raises(SpecpackError, match="does not feed.*extra"):
+    with pytest.raises(SpecpackError, match=r"does not feed.*extra"):
         parse(lambda g: g["inputs"].append({"name": "extra", "dtype": "int64", "shape": [1]}))
     with pytest.raises(SpecpackError, match="execution_provider"):
         parse(lambda g: g.update(exporter="builder"))
