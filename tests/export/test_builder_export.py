@@ -94,6 +94,23 @@ def test_cuda_backend_code_runs_builder_packs(builder_pack) -> None:
     cpu.close()
 
 
+@needs_builder
+def test_sampled_tokens_equal_the_oracle(builder_pack) -> None:
+    """Sampling through the builder graphs' heads draws what the numpy oracle draws from the same graph's logits
+    (the reference backend: no KV cache, every prefix recomputed), speculative and not, same seed. The
+    chi-square test (tests/e2e/test_sampling_distribution.py) establishes that the oracle's output is the target's
+    distribution; it is not repeated here (minutes of CPU for 10,000 samples per setting)."""
+    pack_dir, _ = builder_pack(*CASES[1])
+    cpu, ref = specpack.load(pack_dir, threads=1), specpack.load(pack_dir, device="reference", threads=1)
+    for params in ({"temperature": 1.0}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}):
+        for k in (0, 3):
+            for seed in (1, 2):
+                got = cpu.generate("def add(a, b):", 16, k=k, seed=seed, **params).tokens
+                assert got == ref.generate("def add(a, b):", 16, k=k, seed=seed, **params).tokens, (params, k, seed)
+    cpu.close()
+    ref.close()
+
+
 def test_manifest_positions_are_strict() -> None:
     """positions "internal" needs the static cache and no position_ids input; "inputs" needs position_ids;
     a graph input the runtime does not feed is refused."""
