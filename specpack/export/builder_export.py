@@ -28,7 +28,6 @@ builder's memory go with it.
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 import json
 import sys
 from pathlib import Path
@@ -59,16 +58,17 @@ _OUTPUT_KEYS = {"logits": names.LOGITS, "present_key_names": "present.%d.key", "
 
 
 def builder_version() -> str:
-    """The installed onnxruntime-genai's version; a SpecpackError when it is not installed."""
+    """The installed model builder's version (onnxruntime-genai, or onnxruntime-genai-cuda on a GPU machine: the
+    same module); a SpecpackError when it cannot be imported."""
     try:
-        version = importlib.metadata.version(BUILDER_PACKAGE)
-        import onnxruntime_genai.models.builder  # noqa: F401  (its import pulls torch and transformers)
-    except (importlib.metadata.PackageNotFoundError, ImportError) as err:
+        import onnxruntime_genai
+        import onnxruntime_genai.models.builder  # its import pulls torch and transformers
+    except ImportError as err:
         raise SpecpackError("--graphs builder needs onnxruntime-genai's model builder",
-                            expected=f"{BUILDER_PACKAGE}=={BUILDER_VERSION} importable",
+                            expected=f"{BUILDER_PACKAGE}=={BUILDER_VERSION} (or {BUILDER_PACKAGE}-cuda) importable",
                             found=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
                             hint=INSTALL_HINT) from None
-    return version
+    return str(getattr(onnxruntime_genai, "__version__", "unknown"))
 
 
 def check_builder_config(dtype: str, execution_provider: str) -> str:

@@ -95,6 +95,15 @@ def test_cuda_backend_code_runs_builder_packs(builder_pack) -> None:
 
 
 @needs_builder
+def test_inspect_names_the_builder(builder_pack) -> None:
+    from specpack.cli.main import cli
+
+    result = CliRunner().invoke(cli, ["inspect", str(builder_pack(*CASES[0])[0])])
+    assert result.exit_code == 0, result.output
+    assert "model builder" in result.output and "positions internal" in result.output, result.output
+
+
+@needs_builder
 def test_sampled_tokens_equal_the_oracle(builder_pack) -> None:
     """Sampling through the builder graphs' heads draws what the numpy oracle draws from the same graph's logits
     (the reference backend: no KV cache, every prefix recomputed), speculative and not, same seed. The
