@@ -313,31 +313,22 @@ def decode_real(pack: Any, args: argparse.Namespace, into: dict[str, Any]) -> No
 
 
 def phase_genai_pack(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """Our heads on onnxruntime-genai's model builder graphs (bench/genai_pack.py), through the cuda backend."""
-    import shutil
-
-    from specpack.export.sources import resolve_source
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from genai_pack import genai_pack, open_genai_pack
+    """Our heads on onnxruntime-genai's model builder graphs, through the cuda backend: the pack is exported by
+    `spec-export --graphs builder --dtype fp16 --ep cuda` (export/builder_export.py) and opened by specpack.load."""
+    import specpack
 
     work = Path(args.work)
     entry = result.setdefault("genai_pack", {})
-    built = {}
-    for role, gguf in (("target", args.target_gguf), ("draft", args.draft_gguf)):
-        out = work / f"genai-real-{role}"
-        if not (out / "genai_config.json").exists():
-            t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", str(resolve_source(gguf)),
-                            "-o", str(out), "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")], check=True,
-                           stdout=subprocess.DEVNULL)
-            entry[f"build_{role}_s"] = time.perf_counter() - t0
-        built[role] = out
     pack_dir = work / "pack-genai"
-    shutil.rmtree(pack_dir, ignore_errors=True)
-    manifest = genai_pack(Path(args.src_pack), built["target"], built["draft"], pack_dir)
+    if not (pack_dir / "manifest.json").exists():
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "specpack", "export", "--draft", args.draft_gguf, "--target",
+                        args.target_gguf, "-o", str(pack_dir), "--graphs", "builder", "--dtype", "fp16", "--ep", "cuda",
+                        "--dequantize", "--k", str(K_MAX), "--max-len", str(args.max_len), "--overwrite"],
+                       check=True, stdout=subprocess.DEVNULL)
+        entry["export_s"] = time.perf_counter() - t0
     log("genai pack written")
-    decode_real(open_genai_pack(pack_dir, manifest), args, entry)
+    decode_real(specpack.load(pack_dir, device="cuda"), args, entry)
 
 
 def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], k: int, labels: list[str]) -> dict[str, Any]:
@@ -569,7 +560,7 @@ def main() -> None:
     parser.add_argument("--k", default="4")
     parser.add_argument("--configs", default="model:auto,ngram:4,ngram:auto",
                         help="real / genai_pack phases: speculative runs beside ar and the model drafter at --k")
-    parser.add_argument("--src-pack", help="genai_pack phase: a pack of the pair (manifest and tokenizer are read)")
+    parser.add_argument("--max-len", type=int, default=1024, help="genai_pack phase: the exported pack's max_len")
     parser.add_argument("--spec-only", action="store_true", help="genai phase: its speculative mode alone")
     parser.add_argument("--rebuild-spec", action="store_true", help="rewrite the genai speculative folder's config")
     args = parser.parse_args()

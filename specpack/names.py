@@ -4,7 +4,8 @@ Graphs are bound by these names, never by position.
 
 Plain forward graph (export/, optimum convention), batch B = 1 in practice:
     input_ids                      int64 [B, S]
-    position_ids                   int64 [B, S]
+    position_ids                   int64 [B, S]    (absent from graphs that compute positions from the
+                                                   static mask: the manifest's positions "internal")
     attention_mask                 int64 [B, L + S]
     past_key_values.{i}.key|value  dtype [B, kv_heads, L, head_dim]
     -> logits                      dtype [B, S, V]

@@ -12,10 +12,13 @@ from specpack.export.config import (
     DEFAULT_KV_CACHE,
     DRAFTERS,
     DTYPES,
+    EXECUTION_PROVIDERS,
+    GRAPHS,
     K_MAX,
     K_MIN,
     QUANTIZE_CHOICES,
     ExportConfig,
+    default_kv_cache,
 )
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES
 
@@ -37,13 +40,20 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
               help="Weights, KV cache and logits; fp16 / bf16 are for GPUs (the heads compute in fp32).")
 @click.option("--kv-cache", "kv_cache", type=click.Choice(KV_CACHES), default=None,
               help=f"concat: present = past + new; static: max_len buffers written in place, the length as data. "
-                   f"Default: {DEFAULT_KV_CACHE}, static for --form tensorrt.")
+                   f"Default: {DEFAULT_KV_CACHE}, static for --form tensorrt and --graphs builder.")
 @click.option("--attention", type=click.Choice(ATTENTION_CHOICES), default="auto", show_default=True,
               help="Static cache only: gqa (GroupQueryAttention, head_dim % 8 == 0) or standard ONNX ops; "
                    "auto: gqa where the head size allows.")
 @click.option("--form", type=click.Choice(FORMS), default=DEFAULTS.form, show_default=True,
               help="tensorrt: heads in TensorRT's ops (no fp64, TopK K < 3840) on the static cache with standard "
                    "attention; exact in distribution, not bit for bit with onnxruntime's heads.")
+@click.option("--graphs", type=click.Choice(GRAPHS), default=DEFAULTS.graphs, show_default=True,
+              help="Who writes the plain graphs: torch (torch.onnx.export) or builder (onnxruntime-genai's model "
+                   "builder: static cache, GroupQueryAttention with the rotary inside, fused norms; needs "
+                   "`pip install specpack[builder]`).")
+@click.option("--ep", "execution_provider", type=click.Choice(EXECUTION_PROVIDERS),
+              default=DEFAULTS.execution_provider, show_default=True,
+              help="--graphs builder: the execution provider the graphs are built for (cuda: --dtype fp16 GPU packs).")
 @click.option("--quantize-draft", type=click.Choice(QUANTIZE_CHOICES), default=None, help=QUANTIZE_HELP.format(role="draft"))
 @click.option("--quantize-target", type=click.Choice(QUANTIZE_CHOICES), default=None,
               help=QUANTIZE_HELP.format(role="target"))
@@ -67,15 +77,17 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at the output path.")
 @user_errors
 def export_command(draft: str | None, target: str, output: Path, k: int, max_len: int | None, dtype: str,
-                   kv_cache: str | None, attention: str, form: str, quantize_draft: str | None,
+                   kv_cache: str | None, attention: str, form: str, graphs: str, execution_provider: str,
+                   quantize_draft: str | None,
                    quantize_target: str | None, dequantize: bool, no_fidelity: bool,
                    fidelity_prompts: Path | None, fidelity_limit: int, fidelity_tokens: int, calib_prompts: Path | None,
                    calib_samples: int, calib_seed: int, drafter: str, overwrite: bool) -> None:
     """Export a draft/target pair (or a target alone, --drafter ngram) to a speculative-decoding pack."""
     from specpack.export.pipeline import export_pack
 
-    kv_cache = kv_cache or ("static" if form == "tensorrt" else DEFAULT_KV_CACHE)
+    kv_cache = kv_cache or default_kv_cache(form, graphs)
     config = ExportConfig(k=k, max_len=max_len, dtype=dtype, kv_cache=kv_cache, attention=attention, form=form,
+                          graphs=graphs, execution_provider=execution_provider,
                           drafter=drafter, overwrite=overwrite, quantize_draft=quantize_draft,
                           quantize_target=quantize_target, dequantize=dequantize, fidelity=not no_fidelity,
                           fidelity_prompts=None if fidelity_prompts is None else str(fidelity_prompts),

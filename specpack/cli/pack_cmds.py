@@ -65,6 +65,11 @@ def inspect_command(pack: Path, as_json: bool) -> None:
                                 f"{entry.kv_heads} x {entry.head_dim}", entry.dtype, quant, entry.graph.path)))
     console.print(models)
     for role, entry in m.models():
+        g = entry.graph
+        if g.exporter == "builder":
+            console.print(t(f"{role}: graph by onnxruntime-genai's model builder, built for the {g.execution_provider} "
+                            f"execution provider; {g.kv_cache} KV cache, {g.attention} attention, positions {g.positions}"))
+    for role, entry in m.models():
         console.print(_io_table(role, entry, t))
     for role, entry in m.models():
         for line in quantization_lines(role, entry.quantization):

@@ -42,7 +42,8 @@ ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain i
     "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
     "target": ({names.DRAFT_PROBS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN}),
 }
-PLAIN_INPUTS = {names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, names.TEMPERATURE, names.TOP_K, names.TOP_P}
+PLAIN_INPUTS = {names.INPUT_IDS, names.ATTENTION_MASK, names.TEMPERATURE, names.TOP_K, names.TOP_P}
+POSITION_INPUTS = {"inputs": {names.POSITION_IDS}, "internal": set()}  # GraphEntry.positions -> the inputs it adds
 
 _UNPRINTABLE = "\\x00-\\x1f\\x7f-\\x9f\\u2028\\u2029\\ud800-\\udfff"  # controls, line separators, lone surrogates
 _PRINTABLE = re.compile(f"[^{_UNPRINTABLE}]*")
@@ -104,7 +105,11 @@ class FileEntry(_Closed):
 
 class GraphEntry(_Closed):
     """A graph the runtime loads: its .onnx file, its external data files, its I/O and its form
-    (export/graph_form.py): KV cache "concat" | "static", attention "standard" | "gqa"."""
+    (export/graph_form.py): KV cache "concat" | "static", attention "standard" | "gqa". `positions`: whether
+    the runtime feeds position_ids ("inputs") or the graph computes them from the static mask ("internal":
+    onnxruntime-genai's model builder graphs, whose GroupQueryAttention applies the rotary). `exporter`: who
+    wrote the plain graph, torch (torch.onnx.export) or onnxruntime-genai's model builder ("builder"), and for
+    builder graphs the execution provider they were built for."""
 
     path: RelPath
     data_files: list[RelPath] = Field(max_length=4096)
@@ -113,6 +118,21 @@ class GraphEntry(_Closed):
     kv_cache: Literal["concat", "static"] = "concat"     # concat: present = past + new; static: buffers of max_len
     attention: Literal["standard", "gqa"] = "standard"  # export/graph_form.py
     heads: Literal["onnxruntime", "tensorrt"] = "onnxruntime"  # tensorrt: TensorRT's ops in the heads (--form)
+    positions: Literal["inputs", "internal"] = "inputs"  # internal: no position_ids input (static cache only)
+    exporter: Literal["torch", "builder"] = "torch"      # builder: onnxruntime-genai's model builder (--graphs)
+    execution_provider: Literal["cpu", "cuda"] | None = None  # what a builder graph was built for (--ep)
+
+    @model_validator(mode="after")
+    def _check_origin(self) -> GraphEntry:
+        if self.positions == "internal" and self.kv_cache != "static":
+            raise ValueError("positions 'internal' needs kv_cache 'static' (the positions come from the static mask)")
+        if (self.exporter == "builder") != (self.execution_provider is not None):
+            raise ValueError("execution_provider is recorded exactly for exporter 'builder'")
+        return self
+
+    def runtime_inputs(self) -> set[str]:
+        """The plain inputs the runtime feeds this graph (besides the KV cache and the head's inputs)."""
+        return PLAIN_INPUTS | POSITION_INPUTS[self.positions]
 
 
 class Fidelity(_Open):
@@ -312,9 +332,14 @@ def _check_graph_names(role: str, model: ModelEntry, vocab_size: int) -> None:
     extra_in, extra_out = ROLE_IO[role]
     inputs = {s.name: s for s in model.graph.inputs}
     outputs = {s.name: s for s in model.graph.outputs}
-    missing = sorted((PLAIN_INPUTS | extra_in) - set(inputs)) + sorted(extra_out - set(outputs))
+    fed = model.graph.runtime_inputs() | extra_in
+    missing = sorted(fed - set(inputs)) + sorted(extra_out - set(outputs))
     if missing:
         raise ValueError(f"the {role} graph lacks {missing}")
+    unfed = sorted(set(inputs) - fed - set(names.kv_names(model.num_layers, "past")))
+    if unfed:  # every input is one the runtime feeds: nothing is left unbound
+        raise ValueError(f"the {role} graph takes inputs the runtime does not feed: {unfed[:5]}"
+                         + (f" (positions is {model.graph.positions!r})" if names.POSITION_IDS in unfed else ""))
     for spec in (inputs.get(names.DRAFT_PROBS), outputs.get(names.PROBS)):
         if spec is not None and spec.shape and isinstance(spec.shape[-1], int) and spec.shape[-1] != vocab_size:
             raise ValueError(f"{role} graph's {spec.name} has shape {spec.shape}, while vocab_size is {vocab_size}")

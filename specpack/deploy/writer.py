@@ -32,13 +32,16 @@ if TYPE_CHECKING:
 def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int,
                         tokenizer: TokenizerRecord, draft: tuple[dict[str, Any], ModelInfo] | None,
                         target: tuple[dict[str, Any], ModelInfo], forms: dict[str, GraphForm] | None = None,
-                        quantization: dict[str, dict[str, Any]] | None = None) -> Manifest:
+                        quantization: dict[str, dict[str, Any]] | None = None,
+                        graph_record: dict[str, str] | None = None) -> Manifest:
     """Validated against the schema before it is written: a pack the reader would refuse is never written.
     `draft` None: a pack without a draft model (drafter "ngram"). forms: each role's ("draft", "target") graph
-    form, absent: the concat form; quantization: the quantize stage's record of each quantized model."""
+    form, absent: the concat form; quantization: the quantize stage's record of each quantized model;
+    graph_record: how the plain graphs were made (GraphEntry `exporter`, `execution_provider`), absent: torch."""
     try:
         manifest = _manifest(pack_dir, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
-                             draft=draft, target=target, forms=forms or {}, quantization=quantization or {})
+                             draft=draft, target=target, forms=forms or {}, quantization=quantization or {},
+                             graph_record=graph_record or {})
     except ValidationError as err:
         raise schema_error(err, "the export produced a manifest that does not match the pack schema") from None
     parse_manifest(manifest.to_json().encode())  # the reader takes exactly what is written
@@ -48,14 +51,16 @@ def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int
 
 def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int, tokenizer: TokenizerRecord,
               draft: tuple[dict[str, Any], ModelInfo] | None, target: tuple[dict[str, Any], ModelInfo],
-              forms: dict[str, GraphForm], quantization: dict[str, dict[str, Any]]) -> Manifest:
+              forms: dict[str, GraphForm], quantization: dict[str, dict[str, Any]],
+              graph_record: dict[str, str]) -> Manifest:
     files = [FileEntry(path=p.relative_to(pack_dir).as_posix(), sha256=sha256_file(p), size=p.stat().st_size)
              for p in sorted(pack_dir.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(".")]
     return Manifest(
         drafter="model" if draft is not None else "ngram",
         draft=None if draft is None else _model_entry(pack_dir, DRAFT_STEP_FILE, *draft, config.dtype, forms.get("draft"),
-                                                      quantization.get("draft")),
-        target=_model_entry(pack_dir, VERIFY_FILE, *target, config.dtype, forms.get("target"), quantization.get("target")),
+                                                      quantization.get("draft"), graph_record),
+        target=_model_entry(pack_dir, VERIFY_FILE, *target, config.dtype, forms.get("target"), quantization.get("target"),
+                            graph_record),
         vocab_size=vocab_size,
         eos_token_ids=sorted(tokenizer.eos_token_ids),
         k_max=config.k,
@@ -68,25 +73,33 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len:
 
 
 def _model_entry(pack_dir: Path, graph_file: str, source: dict[str, Any], info: ModelInfo, dtype: str,
-                 form: GraphForm | None, quantization: dict[str, Any] | None) -> ModelEntry:
+                 form: GraphForm | None, quantization: dict[str, Any] | None,
+                 graph_record: dict[str, str] | None = None) -> ModelEntry:
     return ModelEntry.model_validate({
         "source": SourceRecord(**source), "model_type": info.model_type, "num_layers": info.num_layers,
         "kv_heads": info.kv_heads, "head_dim": info.head_dim, "vocab_rows": info.vocab_rows,
-        "max_positions": info.max_positions, "dtype": dtype, "graph": graph_entry(pack_dir, graph_file, form),
-        "quantization": quantization})
+        "max_positions": info.max_positions, "dtype": dtype,
+        "graph": graph_entry(pack_dir, graph_file, form, graph_record), "quantization": quantization})
 
 
-def graph_entry(pack_dir: Path, graph_file: str, form: GraphForm | None = None) -> GraphEntry:
-    """I/O spec, external data files and form (None: concat) of a graph, read without loading its weights."""
+def graph_entry(pack_dir: Path, graph_file: str, form: GraphForm | None = None,
+                graph_record: dict[str, str] | None = None) -> GraphEntry:
+    """I/O spec, external data files and form (None: concat) of a graph, read without loading its weights.
+    `positions` says whether the graph takes position_ids ("inputs") or computes them from the static mask
+    ("internal": the builder's GroupQueryAttention); graph_record: `exporter` / `execution_provider`."""
     import onnx
+
+    from specpack import names
 
     model = onnx.load(str(pack_dir / graph_file), load_external_data=False)
     data_files = sorted({entry.value for init in model.graph.initializer for entry in init.external_data
                          if entry.key == "location"})
     form_fields = {"kv_cache": form.kv_cache, "attention": form.attention, "heads": form.heads} if form else {}
+    takes_positions = any(v.name == names.POSITION_IDS for v in model.graph.input)
     return GraphEntry.model_validate({
         "path": graph_file, "data_files": data_files, "inputs": [_spec(v) for v in model.graph.input],
-        "outputs": [_spec(v) for v in model.graph.output], **form_fields})
+        "outputs": [_spec(v) for v in model.graph.output], **form_fields,
+        "positions": "inputs" if takes_positions else "internal", **(graph_record or {})})
 
 
 def _spec(value: Any) -> TensorSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpack.errors import SpecpackError
+from specpack.export.builder_export import EXECUTION_PROVIDERS, GRAPHS, check_builder_config
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES, GraphForm, resolve_form
 from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, DTYPES, K_MAX, K_MIN, check_export_k
 from specpack.quantize import modes
@@ -12,8 +13,8 @@ from specpack.quantize.calibration import DEFAULT_SAMPLES as DEFAULT_CALIB_SAMPL
 from specpack.quantize.calibration import DEFAULT_SEED as DEFAULT_CALIB_SEED
 
 # the CLI reads them here
-__all__ = ["DEFAULT_K", "DEFAULT_KV_CACHE", "DEFAULT_MAX_LEN", "DRAFTERS", "DTYPES", "K_MAX", "K_MIN",
-           "QUANTIZE_CHOICES", "ExportConfig"]
+__all__ = ["DEFAULT_K", "DEFAULT_KV_CACHE", "DEFAULT_MAX_LEN", "DRAFTERS", "DTYPES", "EXECUTION_PROVIDERS", "GRAPHS",
+           "K_MAX", "K_MIN", "QUANTIZE_CHOICES", "ExportConfig", "default_kv_cache"]
 DEFAULT_KV_CACHE = "concat"  # bench/README.md, "Static KV cache on the CPU": why
 QUANTIZE_CHOICES = modes.ALL  # none, int8, int4 (weight-only), gguf (a GGUF source's own blocks), int8-sq, fp8
 
@@ -39,6 +40,9 @@ class ExportConfig:
     calib_prompts: str | None = None  # a prompt file (bench/prompts.py formats): the calibration set of int8-sq / fp8
     calib_samples: int = DEFAULT_CALIB_SAMPLES  # prompts drawn from it (seeded)
     calib_seed: int = DEFAULT_CALIB_SEED
+    graphs: str = "torch"             # who writes the plain graphs: "torch" (torch_export.py) or "builder"
+                                      # (onnxruntime-genai's model builder, builder_export.py)
+    execution_provider: str = "cpu"   # "cpu" or "cuda": what the builder builds for (--graphs builder only)
 
     def __post_init__(self) -> None:
         check_export_k(self.k)
@@ -55,6 +59,7 @@ class ExportConfig:
                                 found=repr(self.attention))
         if self.form not in FORMS:
             raise SpecpackError("invalid --form", expected=" or ".join(FORMS), found=repr(self.form))
+        self._check_graphs()
         attention = "standard" if self.form == "tensorrt" and self.attention == "auto" else self.attention
         if attention != "auto":  # refuses concat + gqa, and tensorrt off the static cache with standard attention
             GraphForm(self.kv_cache, attention, self.form)
@@ -73,8 +78,41 @@ class ExportConfig:
                 raise SpecpackError(f"{option} gguf contradicts --dequantize", expected="one of the two",
                                     found=f"{option} gguf --dequantize")
 
+    def _check_graphs(self) -> None:
+        """--graphs / --ep, and what the builder cannot do (builder_export.py lists it)."""
+        if self.graphs not in GRAPHS:
+            raise SpecpackError("invalid --graphs", expected=" or ".join(GRAPHS), found=repr(self.graphs))
+        if self.execution_provider not in EXECUTION_PROVIDERS:
+            raise SpecpackError("invalid --ep", expected=" or ".join(EXECUTION_PROVIDERS),
+                                found=repr(self.execution_provider))
+        if self.graphs == "torch":
+            if self.execution_provider != "cpu":
+                raise SpecpackError("--ep chooses what --graphs builder builds for", expected="--graphs builder "
+                                    f"--ep {self.execution_provider}", found=f"--graphs torch --ep {self.execution_provider}",
+                                    hint="torch graphs serve every device: leave --ep out")
+            return
+        refused = [(self.kv_cache != "static", f"--kv-cache {self.kv_cache}", "--kv-cache static (the default)"),
+                   (self.attention == "standard", "--attention standard", "--attention gqa or auto"),
+                   (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime")]
+        for bad, found, expected in refused:
+            if bad:
+                raise SpecpackError(f"--graphs builder cannot build {found}: its graphs are the static KV cache with "
+                                    "GroupQueryAttention", expected=expected, found=found,
+                                    hint="use --graphs torch for other forms")
+        for option, value in (("--quantize-draft", self.quantize_draft), ("--quantize-target", self.quantize_target)):
+            if value not in (None, modes.NONE):
+                raise SpecpackError(f"--graphs builder does not quantize ({option} {value})",
+                                    expected=f"{option} none (weights as the source has them)",
+                                    found=f"{option} {value}", hint="use --graphs torch to quantize")
+        check_builder_config(self.dtype, self.execution_provider)
+
     def graph_form(self, head_dim: int) -> GraphForm:
-        """The KV cache and attention form of one model's graph (attention "auto" depends on its head size)."""
+        """The KV cache and attention form of one model's graph (attention "auto" depends on its head size);
+        the builder's graphs are always static gqa."""
+        if self.graphs == "builder":
+            form = GraphForm("static", "gqa")
+            form.check(head_dim)
+            return form
         return resolve_form(self.kv_cache, self.attention, head_dim, self.form)
 
     def quantization(self, role: str, source: str) -> str:
@@ -90,13 +128,25 @@ class ExportConfig:
 
     def _check_form(self, role: str, method: str) -> str:
         """Weight-only quantized graphs are exported in the concat form only so far (the fidelity stage replays
-        that form); calibrated Q/DQ graphs in both (the static form's fidelity is not measured)."""
+        that form); calibrated Q/DQ graphs in both (the static form's fidelity is not measured). The builder's
+        graphs keep the source's weights: a .gguf source needs --dequantize."""
+        if self.graphs == "builder" and method != modes.NONE:
+            raise SpecpackError(f"--graphs builder cannot keep the {role}'s {method} weights",
+                                expected="unquantized weights", found=f"{role}: {method}",
+                                hint="pass --dequantize for a .gguf source")
         if method not in (modes.NONE, *modes.CALIBRATED) and self.kv_cache != "concat":
             raise SpecpackError(f"a quantized {role} ({method}) needs the concat KV cache form",
                                 expected="--kv-cache concat, or unquantized graphs",
                                 found=f"--kv-cache {self.kv_cache} with {method} weights",
                                 hint="pass --dequantize (GGUF sources) or --quantize-draft/--quantize-target none")
         return method
+
+    def plain_graph_record(self) -> dict[str, str]:
+        """What the manifest records of how the plain graphs were made (GraphEntry `exporter`,
+        `execution_provider`): torch graphs serve every EP, builder graphs are built for one."""
+        if self.graphs == "builder":
+            return {"exporter": "builder", "execution_provider": self.execution_provider}
+        return {}
 
     def resolve_max_len(self, *limits: int | None) -> int:
         """--max-len, or its default: the smaller of 2048 and the models' position limits; larger is refused."""
@@ -109,3 +159,8 @@ class ExportConfig:
                                 expected=f"--max-len <= {ceiling} (draft/target position limits {limits})",
                                 found=str(self.max_len))
         return self.max_len
+
+
+def default_kv_cache(form: str, graphs: str) -> str:
+    """--kv-cache's default: static for --form tensorrt and --graphs builder (their only form), else concat."""
+    return "static" if form == "tensorrt" or graphs == "builder" else DEFAULT_KV_CACHE

@@ -2,6 +2,7 @@
 
     resolve sources -> read model info -> vocabulary check
       -> plain graphs (export/, torch, one process each)          work/{draft,target}.onnx
+         or onnxruntime-genai's model builder (--graphs builder)  work/{draft,target}-builder/model.onnx
       -> quantize (quantize/, per model's mode: weight-only,      work/{draft,target}.{int4,int8,gguf}.onnx
          or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
@@ -43,6 +44,10 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
     out = Path(out)
     _check_draft_source(draft_src, config.drafter)
     check_destination(out, config.overwrite)
+    if config.graphs == "builder":  # before any source is resolved: a GGUF conversion takes minutes
+        from specpack.export.builder_export import builder_version
+
+        builder_version()
     methods = {"target": config.quantization("target", target_src)}
     if draft_src is not None:
         methods["draft"] = config.quantization("draft", draft_src)
@@ -55,6 +60,11 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
     draft_dir = target_dir if draft_src is None else _run_stage(resolve_source, config.isolate, draft_src)
     for model_dir in (draft_dir, target_dir):
         require_weights(model_dir)
+    if config.graphs == "builder":
+        from specpack.export.builder_export import check_builder_model
+
+        for role, model_dir in (("draft", draft_dir), ("target", target_dir))[1 if draft_src is None else 0:]:
+            check_builder_model(model_dir, role)
     draft_info, target_info = read_model_info(draft_dir), read_model_info(target_dir)
     from specpack.export.vocab import check_same_vocabulary
 
@@ -69,6 +79,11 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
             "draft": (draft_src, draft_dir), "target": (target_src, target_dir)}  # an n-gram pack: no draft
         plain = {role: work / f"{role}.onnx" for role in roles}
         for role, (_, model_dir) in roles.items():
+            if config.graphs == "builder":
+                _log(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder ...")
+                plain[role] = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
+                                         config.dtype, config.execution_provider)
+                continue
             _log(f"exporting the {role} ({model_dir.name}) ...")
             _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role])
         graphs, quantization = dict(plain), {}
@@ -104,6 +119,7 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
             staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
             draft=None if draft_src is None else (source_record(draft_src, draft_dir), draft_info),
             target=(source_record(target_src, target_dir), target_info), forms=forms, quantization=quantization,
+            graph_record=config.plain_graph_record(),
         )
         publish(staging, out, config.overwrite)
     _log(f"pack written to {out}")
@@ -123,6 +139,13 @@ def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm) -> 
     from specpack.export.torch_export import export_plain_graph
 
     export_plain_graph(model_dir, plain, dtype, form)
+
+
+def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str) -> Path:
+    """Stage 1 with --graphs builder: onnxruntime-genai's model builder, renamed to our contract."""
+    from specpack.export.builder_export import build_plain_graph
+
+    return build_plain_graph(model_dir, work, dtype, execution_provider)
 
 
 def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:

@@ -7,7 +7,8 @@
 
 Every input is a view bound by pointer (IOBinding): input_ids is state.ids[None, cached:end], the drafts
 already in place; position_ids and attention_mask are views of constants; past and present are the
-cache's views; q is the draft's buffer, read by the verify as it was written. Per step the host reads
+cache's views; q is the draft's buffer, read by the verify as it was written. position_ids are fed only to
+graphs that take them (the manifest's `positions`: "internal" graphs compute them from the static mask). Per step the host reads
 back two integers from the verify and one per draft, never logits.
 """
 
@@ -52,8 +53,9 @@ class Constants:
 class _OrtModel:
     """What both models share: per slot a cache and an IOBinding; bind ids[cached:end] and run."""
 
-    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants) -> None:
-        self.graph, self.caches, self.constants = graph, caches, constants
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, positions: bool = True) -> None:
+        """positions: feed position_ids (the manifest's graph `positions` is "inputs")."""
+        self.graph, self.caches, self.constants, self.positions = graph, caches, constants, positions
         self._bindings = [graph.new_binding() for _ in caches]
 
     def reset(self, state: DecodeState) -> None:
@@ -69,11 +71,12 @@ class _OrtModel:
         start = cache.length
         inputs = {
             names.INPUT_IDS: state.ids[None, start:end],          # [1, S]
-            names.POSITION_IDS: c.positions[:, start:end],        # [1, S]
             **state.sampling_inputs,                              # [1] each
             **cache.bind_inputs(end - start),                     # past [1, H, L, D] each (and lengths, by form)
             **extra_inputs,
         }
+        if self.positions:
+            inputs[names.POSITION_IDS] = c.positions[:, start:end]  # [1, S]
         if names.ATTENTION_MASK not in inputs:
             inputs[names.ATTENTION_MASK] = c.mask[:, :end]       # [1, L + S]
         self.graph.run(self._bindings[state.slot], inputs, {**cache.bind_outputs(end - start), **extra_outputs})
@@ -83,8 +86,9 @@ class _OrtModel:
 class OrtDraft(_OrtModel):
     """draft_step.onnx: S new tokens in, one drawn token and its distribution q out."""
 
-    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int) -> None:
-        super().__init__(graph, caches, constants)
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int,
+                 positions: bool = True) -> None:
+        super().__init__(graph, caches, constants, positions)
         self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in caches]  # [1, k_max, V] per slot
         self._token = [np.zeros(1, np.int64) for _ in caches]                     # [1] per slot
 
@@ -102,8 +106,9 @@ class OrtDraft(_OrtModel):
 class OrtTarget(_OrtModel):
     """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token out."""
 
-    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int) -> None:
-        super().__init__(graph, caches, constants)
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int,
+                 positions: bool = True) -> None:
+        super().__init__(graph, caches, constants, positions)
         self._outputs = [{names.N_ACCEPTED: np.zeros(1, np.int64), names.NEXT_TOKEN: np.zeros(1, np.int64)}
                          for _ in caches]  # [1] each, per slot
         self._one_hot = [np.zeros(0, np.float32) for _ in caches]  # [1, k_max, V] per slot, allocated on first use
@@ -144,7 +149,8 @@ class OrtBackend:
         if self.name == "cpu":
             _check_cpu_dtypes(m)
         self.constants = Constants.allocate(m.max_len + m.k_max + 1, m.vocab_size)
-        self._target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, m.k_max, m.vocab_size)
+        self._target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, m.k_max, m.vocab_size,
+                                 _feeds_positions(m.target))
         self._draft: OrtDraft | None = None
         self._draft_lock = threading.Lock()
 
@@ -161,7 +167,7 @@ class OrtBackend:
                 if self._draft is None:
                     m = self.manifest
                     self._draft = OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max,
-                                           m.vocab_size)
+                                           m.vocab_size, _feeds_positions(m.draft))
         return self._draft
 
     def close(self) -> None:
@@ -176,6 +182,12 @@ class OrtBackend:
 
     def _caches(self, entry: ModelEntry) -> list[KVCache]:
         return [host_cache(entry, self.manifest.max_len, self.manifest.k_max) for _ in range(self.options.slots)]
+
+
+def _feeds_positions(entry: ModelEntry) -> bool:
+    """Whether the runtime feeds the graph position_ids: the manifest says (and the session was checked to
+    take exactly the inputs the manifest lists)."""
+    return names.POSITION_IDS in entry.graph.runtime_inputs()
 
 
 def host_cache(entry: ModelEntry, max_len: int, k_max: int) -> KVCache:

@@ -80,7 +80,9 @@ class DeviceSession:
             self.error, self.capture = str(err).splitlines()[0], False
             self.session = self._open(model, folder, device, False, threads)
         check_graph_matches(entry.graph, self.session, entry.graph.path)
-        self.input_names = {i.name for i in self.session.get_inputs()}  # e.g. no position_ids (rotary inside)
+        # what the graph takes, as the manifest declares it (checked above against the session): e.g. no
+        # position_ids for a graph whose positions are "internal" (the builder's rotary inside its attention)
+        self.input_names = {spec.name for spec in entry.graph.inputs}
         self._graph_ids: dict[tuple[int, ...], int] = {}
         self._run_options: dict[int, Any] = {}
 

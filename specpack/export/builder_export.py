@@ -1,0 +1,164 @@
+"""Plain graphs from onnxruntime-genai's model builder (`spec-export --graphs builder`): model dir -> plain .onnx.
+
+    model dir --onnxruntime_genai.models.builder.create_model(-p PRECISION -e EP)--> work/ROLE-builder/model.onnx
+      (GroupQueryAttention with the rotary inside, fused RMS norms, past/present one shared buffer)
+      --rename to names.py's contract (from its genai_config.json)--> the static-cache plain graph (gqa form)
+
+The builder's decoder is our static contract (docs/static_kv_cache.md) without position_ids: its
+GroupQueryAttention takes the positions from the static mask (`seqlens_k = ReduceSum(attention_mask) - 1`,
+`total_sequence_length = attention_mask.shape[1]` = max_len) and applies the rotary itself. The manifest
+records that as `positions: "internal"`; the runtime then feeds no position_ids.
+
+What it builds, and what is refused before anything is built (`check_builder_config`, `check_builder_model`):
+
+    --dtype  --ep    builder precision   io dtype
+    fp32     cpu     fp32                fp32      (the builder's FP32 CPU)
+    fp16     cuda    fp16                fp16      (the builder's FP16 CUDA; what bench/gpu.py measured)
+    fp16     cpu     refused: the builder has no FP16 CPU build
+    fp32     cuda    refused: the cuda backend refuses fp32 GroupQueryAttention (docs/cuda_backend.md)
+    bf16     any     refused: no backend here runs bf16 packs
+
+Weights are as the source has them (no --quantize-*; a .gguf source needs --dequantize), the KV cache is
+static, attention GroupQueryAttention (head_dim % 8 == 0), heads the onnxruntime form. Families: those
+tested with our heads (BUILDER_ARCHITECTURES). Needs `pip install specpack[builder]` (onnxruntime-genai,
+which keeps onnxruntime as it is). Runs in the export's worker process (pipeline.py), so torch and the
+builder's memory go with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specpack import names
+from specpack.errors import SpecpackError
+
+if TYPE_CHECKING:
+    import onnx
+
+GRAPHS = ("torch", "builder")  # --graphs: who writes the plain graphs (torch.onnx.export, or the model builder)
+EXECUTION_PROVIDERS = ("cpu", "cuda")  # --ep: what the builder's graphs are built for
+BUILDER_PACKAGE = "onnxruntime-genai"
+BUILDER_VERSION = "0.18.0"  # the version pinned by the `builder` extra (pyproject.toml)
+BUILDER_PRECISIONS = {("fp32", "cpu"): "fp32", ("fp16", "cuda"): "fp16"}  # (--dtype, --ep) -> builder precision
+# Families whose builder graphs were checked against our contract and golden tests (tests/export/test_builder_export.py)
+BUILDER_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
+MODEL_FILE = "model.onnx"
+GENAI_CONFIG = "genai_config.json"
+INSTALL_HINT = "pip install specpack[builder] (onnxruntime-genai==0.18.0)"
+
+# genai_config.json's decoder names -> ours (names.py); `%d` is the layer
+_INPUT_KEYS = {"input_ids": names.INPUT_IDS, "attention_mask": names.ATTENTION_MASK,
+               "position_ids": names.POSITION_IDS, "past_key_names": "past_key_values.%d.key",
+               "past_value_names": "past_key_values.%d.value"}
+_OUTPUT_KEYS = {"logits": names.LOGITS, "present_key_names": "present.%d.key", "present_value_names": "present.%d.value"}
+
+
+def builder_version() -> str:
+    """The installed model builder's version (onnxruntime-genai, or onnxruntime-genai-cuda on a GPU machine: the
+    same module); a SpecpackError when it cannot be imported."""
+    try:
+        import onnxruntime_genai
+        import onnxruntime_genai.models.builder  # its import pulls torch and transformers
+    except ImportError as err:
+        raise SpecpackError("--graphs builder needs onnxruntime-genai's model builder",
+                            expected=f"{BUILDER_PACKAGE}=={BUILDER_VERSION} (or {BUILDER_PACKAGE}-cuda) importable",
+                            found=f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}",
+                            hint=INSTALL_HINT) from None
+    return str(getattr(onnxruntime_genai, "__version__", "unknown"))
+
+
+def check_builder_config(dtype: str, execution_provider: str) -> str:
+    """The builder precision for `dtype` on `execution_provider`, or a SpecpackError for a combination the
+    builder (or the backends) cannot do."""
+    precision = BUILDER_PRECISIONS.get((dtype, execution_provider))
+    if precision is None:
+        builds = ", ".join(f"--dtype {d} --ep {e}" for d, e in BUILDER_PRECISIONS)
+        why = {("fp16", "cpu"): "the model builder has no FP16 CPU build",
+               ("fp32", "cuda"): "the cuda backend refuses fp32 GroupQueryAttention graphs (docs/cuda_backend.md)"
+               }.get((dtype, execution_provider), "no backend here runs bf16 packs")
+        raise SpecpackError(f"--graphs builder cannot build --dtype {dtype} for --ep {execution_provider}: {why}",
+                            expected=builds, found=f"--dtype {dtype} --ep {execution_provider}",
+                            hint="--dtype fp32 for CPU packs, --dtype fp16 --ep cuda for GPU packs")
+    return precision
+
+
+def check_builder_model(model_dir: Path, role: str) -> None:
+    """A SpecpackError unless the model's architecture is one the builder path is tested with."""
+    config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+    archs = config.get("architectures") or []
+    if not archs or archs[0] not in BUILDER_ARCHITECTURES:
+        raise SpecpackError(f"--graphs builder does not support the {role}'s architecture",
+                            expected=" / ".join(BUILDER_ARCHITECTURES),
+                            found=f"{archs[0] if archs else 'no architectures'} (model_type "
+                                  f"{config.get('model_type')!r}) in {model_dir}",
+                            hint="export it with --graphs torch (the default)")
+
+
+def build_plain_graph(model_dir: Path, work: Path, dtype: str, execution_provider: str) -> Path:
+    """Run the model builder on `model_dir` into the folder `work` and rename its graph to our contract;
+    returns the plain graph (work/model.onnx, weights in work/model.onnx.data)."""
+    from onnxruntime_genai.models import builder
+
+    precision = check_builder_config(dtype, execution_provider)
+    work.mkdir(parents=True, exist_ok=True)
+    cache = work / "cache"
+    with contextlib.redirect_stdout(sys.stderr):  # its progress is a log: spec-export's stdout is the pack path
+        options = builder.parse_extra_options(None, str(model_dir), str(work), precision, execution_provider,
+                                              str(cache), None)
+        builder.create_model(None, str(model_dir), str(work), precision, execution_provider, str(cache), **options)
+    plain = work / MODEL_FILE
+    if not plain.is_file():
+        raise SpecpackError(f"the model builder wrote no {MODEL_FILE}", expected=str(plain),
+                            found=", ".join(sorted(p.name for p in work.iterdir())))
+    rename_to_contract(plain, json.loads((work / GENAI_CONFIG).read_text(encoding="utf-8")))
+    return plain
+
+
+def rename_to_contract(plain: Path, genai_config: dict[str, Any]) -> None:
+    """Rename the graph's inputs and outputs from the names its genai_config.json gives them to names.py's,
+    then check it is the static gqa contract: what else the graph takes or returns is refused."""
+    import onnx
+
+    decoder = genai_config["model"]["decoder"]
+    layers = int(decoder["num_hidden_layers"])
+    mapping: dict[str, str] = {}
+    for section, keys in (("inputs", _INPUT_KEYS), ("outputs", _OUTPUT_KEYS)):
+        for key, theirs in decoder.get(section, {}).items():
+            ours = keys.get(key)
+            if ours is None:
+                continue  # checked below: an input or output we do not bind is refused
+            pairs = [(theirs % i, ours % i) for i in range(layers)] if "%d" in ours else [(theirs, ours)]
+            mapping.update({a: b for a, b in pairs if a != b})
+    if not genai_config.get("search", {}).get("past_present_share_buffer", False):
+        raise SpecpackError(f"{plain}: the builder's KV cache is not one shared buffer per tensor",
+                            expected="past_present_share_buffer true in genai_config.json", found="false")
+    model = onnx.load(str(plain), load_external_data=False)
+    graph = model.graph
+    if mapping:
+        _rename(graph, mapping)
+        onnx.save_model(model, str(plain))  # the weights stay in model.onnx.data, where its location points
+    kv_in = set(names.kv_names(layers, "past"))
+    allowed_in = {names.INPUT_IDS, names.ATTENTION_MASK, names.POSITION_IDS} | kv_in
+    allowed_out = {names.LOGITS} | set(names.kv_names(layers, "present"))
+    inputs, outputs = [i.name for i in graph.input], [o.name for o in graph.output]
+    unknown = sorted(set(inputs) - allowed_in) + sorted(set(outputs) - allowed_out)
+    missing = sorted((allowed_in - {names.POSITION_IDS}) - set(inputs)) + sorted(allowed_out - set(outputs))
+    if unknown or missing or not any(n.op_type == "GroupQueryAttention" for n in graph.node):
+        raise SpecpackError(f"{plain}: the builder's graph is not the static GroupQueryAttention contract",
+                            expected="input_ids, attention_mask, past_key_values.* in; logits, present.* out; "
+                                     "GroupQueryAttention nodes",
+                            found=f"unknown {unknown[:4]}, missing {missing[:4]}",
+                            hint="export this model with --graphs torch")
+
+
+def _rename(graph: onnx.GraphProto, mapping: dict[str, str]) -> None:
+    """Rename values everywhere they appear (graph inputs, outputs, node inputs and outputs)."""
+    for value in [*graph.input, *graph.output]:
+        value.name = mapping.get(value.name, value.name)
+    for node in graph.node:
+        node.input[:] = [mapping.get(n, n) for n in node.input]
+        node.output[:] = [mapping.get(n, n) for n in node.output]
