@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -42,7 +43,7 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
     """The app over a loaded pack; its lifespan starts and stops the decoder."""
     metrics = ServerMetrics()
     decoder = Decoder(pack, metrics, k=config.k, max_queue=config.max_queue, timeout_s=config.timeout_s)
-    api = Api(pack, decoder, metrics, config.served_name)
+    api = Api(pack, decoder, metrics, config.served_name, config.max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -65,8 +66,9 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
 
 
 class Api:
-    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str) -> None:
+    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str, max_body_bytes: int) -> None:
         self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, model
+        self.max_body_bytes = max_body_bytes
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
@@ -76,8 +78,8 @@ class Api:
                 raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt",
                                   code="unsupported_value")
             prompt = prompt[0]
-        try:
-            ids = self.pack.encode(prompt)
+        try:  # tokenizing is CPU work: off the event loop, so /health and streams stay live meanwhile
+            ids = await run_in_threadpool(self.pack.encode, prompt)
         except SpecpackError as err:
             raise from_specpack(err, param="prompt") from err
         spec = self._spec(req, ids, req.max_tokens, param="prompt")
@@ -87,7 +89,7 @@ class Api:
         req = await self._parse(request, ChatCompletionRequest)
         messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
         try:
-            ids = self.pack.tokenizer.encode_messages(messages, add_generation_prompt=True)
+            ids = await run_in_threadpool(self.pack.tokenizer.encode_messages, messages, add_generation_prompt=True)
         except SpecpackError as err:
             raise from_specpack(err, param="messages") from err
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -110,7 +112,7 @@ class Api:
 
     async def _parse(self, request: Request, model: type[R]) -> R:
         try:
-            req = model.model_validate_json(await request.body())
+            req = model.model_validate_json(await self._body(request))
         except ValidationError as err:
             raise from_validation(err) from err
         if req.model != self.model:
@@ -118,6 +120,24 @@ class Api:
                            param="model", code="model_not_found")
         req.check_supported()
         return req
+
+    async def _body(self, request: Request) -> bytes:
+        """The request body, refused (413) as soon as it is known to pass --max-body-bytes: from its
+        Content-Length, or while it arrives (chunked bodies), never read whole first."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise self._too_large(f"{int(declared)} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self._too_large(f"more than {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, found: str) -> APIError:
+        return APIError(413, f"the request body is too large: {found}; this server accepts up to {self.max_body_bytes} "
+                             "bytes (`specpack serve --max-body-bytes`)", param=None, code="request_too_large")
 
     def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str) -> DecodeSpec:
         """The request's arguments with OpenAI's defaults (temperature 1), checked by specpack.validation as
@@ -188,15 +208,19 @@ async def _collect(job: Job, shapes: Shapes) -> Response:
 
 
 async def _sse_events(shapes: Shapes, job: Job, first: Event, include_usage: bool) -> AsyncIterator[str]:
+    def chunk_sse(chunk: dict[str, Any]) -> str:
+        """With include_usage, every chunk but the usage chunk carries "usage": null (OpenAI's stream_options)."""
+        return sse({**chunk, "usage": None} if include_usage and "usage" not in chunk else chunk)
+
     for chunk in shapes.opening():
-        yield sse(chunk)
+        yield chunk_sse(chunk)
     event = first
     while True:
         if isinstance(event, Piece):
-            yield sse(shapes.piece(event.text))
+            yield chunk_sse(shapes.piece(event.text))
         elif isinstance(event, Done):
             for chunk in shapes.closing(event, include_usage):
-                yield sse(chunk)
+                yield chunk_sse(chunk)
             break
         else:  # the status line is sent: the error goes in the stream, as OpenAI's client expects
             yield sse(_event_error(event).body())
