@@ -95,6 +95,24 @@ def test_stream_is_server_sent_events_ending_with_done(live: Live) -> None:
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all("usage" not in json.loads(e[6:]) for e in events[:-1])  # no include_usage: no usage key
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_include_usage_gives_null_usage_on_every_chunk_but_the_last(live: Live, path: str) -> None:
+    """OpenAI's stream_options.include_usage: the extra last chunk has usage and empty choices; every other chunk
+    carries "usage": null."""
+    url = urlparse(live.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    body = {"model": MODEL, "max_tokens": 6, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            **({"prompt": PROMPT} if path == "/v1/completions" else {"messages": MESSAGES})}
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    events = [line for line in conn.getresponse().read().decode().split("\n\n") if line]
+    conn.close()
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert events[-1] == "data: [DONE]" and len(chunks) >= 2
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
 
 
 @pytest.mark.parametrize("stream", [False, True])
