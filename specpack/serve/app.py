@@ -92,8 +92,10 @@ class Api:
             ids = await run_in_threadpool(self.pack.tokenizer.encode_messages, messages, add_generation_prompt=True)
         except SpecpackError as err:
             raise from_specpack(err, param="messages") from err
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        spec = self._spec(req, ids, max_tokens, param="messages")
+        if req.max_completion_tokens is not None:
+            spec = self._spec(req, ids, req.max_completion_tokens, param="messages", tokens="max_completion_tokens")
+        else:
+            spec = self._spec(req, ids, req.max_tokens, param="messages")
         return await self._answer(request, req, spec, Shapes(self.model, chat=True))
 
     async def models(self, _: Request) -> Response:
@@ -139,9 +141,12 @@ class Api:
         return APIError(413, f"the request body is too large: {found}; this server accepts up to {self.max_body_bytes} "
                              "bytes (`specpack serve --max-body-bytes`)", param=None, code="request_too_large")
 
-    def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str) -> DecodeSpec:
+    def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str,
+              tokens: str = "max_tokens") -> DecodeSpec:
         """The request's arguments with OpenAI's defaults (temperature 1), checked by specpack.validation as
-        Pack.generate checks them, and the context-length check, before the request is queued."""
+        Pack.generate checks them, and the context-length check, before the request is queued. Errors name the
+        fields as the request did (`tokens`: max_tokens or max_completion_tokens)."""
+        names = {"max_new_tokens": tokens}
         m = self.pack.manifest
         if max_tokens is None:
             max_tokens = max(1, m.max_len - len(ids)) if isinstance(req, ChatCompletionRequest) else DEFAULT_COMPLETION_TOKENS
@@ -152,13 +157,13 @@ class Api:
             args = check_generate_args(ids, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=req.seed,
                                        limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
         except SpecpackError as err:
-            raise from_specpack(err, param=request_param(err), code="invalid_value") from err
+            raise from_specpack(err, param=request_param(err, names), code="invalid_value", names=names) from err
         try:
             check_context(len(ids), max_tokens, m.max_len)
         except SpecpackError as err:
             raise bad_request(f"This model's maximum context length is {m.max_len} tokens. However, you requested "
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
-                              f"completion). Please reduce the length of the {param} or max_tokens.",
+                              f"completion). Please reduce the length of the {param} or {tokens}.",
                               param=param, code="context_length_exceeded") from err
         return DecodeSpec(args, req.stop_strings())
 

@@ -192,3 +192,13 @@ def test_tokenizing_a_prompt_does_not_block_the_event_loop(live: Live) -> None:
         del live.pack.encode
     worker.join(30)
     assert results and results[0][0] == 200, results
+
+
+@pytest.mark.parametrize("value", [0, 10**6])
+def test_max_completion_tokens_errors_name_that_field(live: Live, value: int) -> None:
+    """A chat request that sets max_completion_tokens is told about max_completion_tokens, not max_tokens."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": value}
+    status, payload = post(live, "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400 and payload["error"]["param"] == "max_completion_tokens", payload
+    assert "invalid max_completion_tokens" in payload["error"]["message"]
+    assert "max_tokens" not in payload["error"]["message"].replace("max_completion_tokens", "")
