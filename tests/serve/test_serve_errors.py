@@ -75,7 +75,8 @@ def test_prompt_plus_max_tokens_over_the_limit(client: openai.OpenAI, live: Live
     assert_error_object(info.value, 400, "prompt", f"{limit} tokens", f"{limit} for the completion")
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", b'"text"'])
+@pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", b'"text"', b"[" * 100_000 + b"]" * 100_000,
+                                  b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
 def test_malformed_json(live: Live, body: bytes) -> None:
     status, payload = post(live, "/v1/completions", body)
     assert status == 400
