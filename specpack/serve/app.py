@@ -87,7 +87,9 @@ class Api:
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self._parse(request, ChatCompletionRequest)
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
+        roles = _template_roles(self.pack.tokenizer.chat_template)
+        messages = [{"role": roles.get(m.role, m.role), "content": m.text(), **({"name": m.name} if m.name else {})}
+                    for m in req.messages]
         try:
             ids = await run_in_threadpool(self.pack.tokenizer.encode_messages, messages, add_generation_prompt=True)
         except SpecpackError as err:
@@ -185,6 +187,13 @@ class Api:
             watcher.cancel()
             if not streaming:
                 self.decoder.release(job)
+
+
+def _template_roles(template: str | None) -> dict[str, str]:
+    """OpenAI's "developer" role (its newer name for the system prompt) becomes "system" for a chat template that
+    does not name it, as llama.cpp and vLLM do: Qwen2.5's template drops a message of a role it does not know,
+    silently, and others raise."""
+    return {} if template is not None and "developer" in template else {"developer": "system"}
 
 
 class JobStream(StreamingResponse):

@@ -74,6 +74,25 @@ def test_chat_equals_pack_generate_over_the_chat_template(client: openai.OpenAI,
     assert out.usage.completion_tokens == n_tokens
 
 
+def test_developer_role_is_the_system_prompt_for_a_template_that_does_not_name_it(client: openai.OpenAI,
+                                                                                    live: Live) -> None:
+    """OpenAI's "developer" role reaches the model as "system" (the Qwen2.5 template drops roles it does not know)."""
+    assert "developer" not in (live.reference.tokenizer.chat_template or "")
+    as_developer = [{"role": "developer", "content": MESSAGES[0]["content"]}, *MESSAGES[1:]]
+    text, _, _ = expected(live, chat_ids(live))
+    out = client.chat.completions.create(model=MODEL, messages=as_developer, max_tokens=N, temperature=0)  # type: ignore[arg-type]
+    assert out.usage is not None and out.usage.prompt_tokens == len(chat_ids(live))
+    assert out.choices[0].message.content == text
+
+
+def test_template_roles_keep_developer_where_the_template_names_it() -> None:
+    from specpack.serve.app import _template_roles
+    from tests.runtime.test_chat_template import QWEN25_TEMPLATE
+
+    assert _template_roles(QWEN25_TEMPLATE) == {"developer": "system"}
+    assert _template_roles("{% if message.role == 'developer' %}{% endif %}") == {}
+
+
 def test_chat_stream_equals_pack_generate(client: openai.OpenAI, live: Live) -> None:
     text, finish, _ = expected(live, chat_ids(live))
     chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=N, temperature=0,
