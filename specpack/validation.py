@@ -43,7 +43,7 @@ class PackLimits:
 class GenerateArgs:
     prompt: str | list[int]   # text, or ids as Python ints
     max_new_tokens: int
-    k: int | None             # None: the pack's k_max
+    k: int | None             # None: adaptive ("auto")
     sampling: SamplingParams
     seed: int | None
     chat: bool
@@ -51,7 +51,7 @@ class GenerateArgs:
 
 def check_generate_args(prompt: object, max_new_tokens: object = 128, *, k: object = None, temperature: object = 0.0,
                         top_k: object = 0, top_p: object = 1.0, seed: object = None, chat: object = False,
-                        on_text: object = None, limits: PackLimits | None = None) -> GenerateArgs:
+                        on_text: object = None, cancel: object = None, limits: PackLimits | None = None) -> GenerateArgs:
     """Every argument of a generate request, type- and range-checked; ranges that need the pack use `limits`."""
     if not isinstance(chat, (bool, np.bool_)):
         raise SpecpackError("invalid chat", expected="True or False", found=_brief(chat))
@@ -61,6 +61,9 @@ def check_generate_args(prompt: object, max_new_tokens: object = 128, *, k: obje
                               _number(top_p, "top_p"))
     if on_text is not None and not callable(on_text):
         raise SpecpackError("invalid on_text", expected="a function taking a str, or None", found=_brief(on_text))
+    if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+        raise SpecpackError("invalid cancel", expected="a threading.Event (anything with an is_set() method), or None",
+                            found=_brief(cancel), hint="pass cancel=threading.Event() and set() it to stop")
     return GenerateArgs(
         prompt=check_prompt(prompt, chat=bool(chat), vocab_size=None if limits is None else limits.vocab_size),
         max_new_tokens=_integer(max_new_tokens, "max_new_tokens", 1, max_len or 1 << 31,

@@ -9,6 +9,7 @@ import click
 
 from specpack.cli.errors import user_errors
 from specpack.errors import SpecpackError
+from specpack.limits import K_AUTO, parse_k
 from specpack.runtime.backend import BACKENDS
 from specpack.serve.config import ServeConfig
 
@@ -21,7 +22,9 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--port", type=int, default=D["port"], show_default=True)
 @click.option("--device", type=click.Choice(sorted(BACKENDS)), default=D["device"], show_default=True,
               help="Backend, from the runtime's registry (docs/architecture.md, Backends).")
-@click.option("--k", "k", type=int, default=None, help="Drafts per step, 0..k_max (default: the pack's k_max).")
+@click.option("--k", "k_text", default=K_AUTO, show_default=True,
+              help="Drafts per step: auto (chosen per step from acceptance and measured step costs, as `generate`), "
+                   "or a fixed 0..the pack's k_max (0: the target alone).")
 @click.option("--max-queue", type=int, default=D["max_queue"], show_default=True,
               help="Requests that may wait for the decoder; more are answered 429.")
 @click.option("--timeout", "timeout_s", type=float, default=D["timeout_s"], show_default=True,
@@ -29,12 +32,15 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--shutdown-grace", "shutdown_grace_s", type=float, default=D["shutdown_grace_s"],
               show_default=True, help="On SIGTERM, seconds in-flight requests get to finish before they are cancelled.")
 @click.option("--model-name", default=None, help="The model name clients send (default: the pack directory's name).")
+@click.option("--max-body-bytes", type=int, default=D["max_body_bytes"], show_default=True,
+              help="Longest request body accepted; a longer one is answered 413 before it is parsed or tokenized.")
 @user_errors
-def serve_command(pack: Path, host: str, port: int, device: str, k: int | None, max_queue: int,
-                  timeout_s: float, shutdown_grace_s: float, model_name: str | None) -> None:
+def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, max_queue: int,
+                  timeout_s: float, shutdown_grace_s: float, model_name: str | None, max_body_bytes: int) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    config = ServeConfig(pack, host=host, port=port, device=device, k=k, max_queue=max_queue, timeout_s=timeout_s,
-                         shutdown_grace_s=shutdown_grace_s, model_name=model_name)
+    config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), max_queue=max_queue,
+                         timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
+                         max_body_bytes=max_body_bytes)
     try:
         from specpack.serve.server import serve
     except ImportError as err:

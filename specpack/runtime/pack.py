@@ -152,7 +152,8 @@ class Pack:
         """
         m = self.manifest
         args = check_generate_args(prompt, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
-                                   seed=seed, chat=chat, on_text=on_text, limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
+                                   seed=seed, chat=chat, on_text=on_text, cancel=cancel,
+                                   limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
         prompt, max_new_tokens, params, seed = args.prompt, args.max_new_tokens, args.sampling, args.seed
         name, chosen = self.drafter_named(drafter)
         ids = self.encode(prompt, chat=chat)

@@ -35,18 +35,20 @@ def bad_request(message: str, param: str | None = None, code: str | None = None)
 VALIDATION_NAMES = {"max_new_tokens": "max_tokens"}
 
 
-def from_specpack(err: SpecpackError, param: str | None = None, code: str | None = None) -> APIError:
-    """A runtime refusal (what / expected / found / hint) as a 400, in OpenAI's field names."""
+def from_specpack(err: SpecpackError, param: str | None = None, code: str | None = None,
+                  names: dict[str, str] | None = None) -> APIError:
+    """A runtime refusal (what / expected / found / hint) as a 400, in OpenAI's field names (`names` overrides
+    them with the field the request used: max_completion_tokens)."""
     message = " ".join(str(err).split())
-    for name, api_name in VALIDATION_NAMES.items():
+    for name, api_name in {**VALIDATION_NAMES, **(names or {})}.items():
         message = message.replace(name, api_name)
     return bad_request(message, param=param, code=code)
 
 
-def request_param(err: SpecpackError) -> str | None:
+def request_param(err: SpecpackError, names: dict[str, str] | None = None) -> str | None:
     """The request field a validation error is about ("invalid top_p" -> "top_p"), in OpenAI's names."""
     name = err.what.removeprefix("invalid ") if err.what.startswith("invalid ") else None
-    return VALIDATION_NAMES.get(name, name) if name is not None else None
+    return {**VALIDATION_NAMES, **(names or {})}.get(name, name) if name is not None else None
 
 
 def from_validation(err: ValidationError) -> APIError:

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -42,7 +43,7 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
     """The app over a loaded pack; its lifespan starts and stops the decoder."""
     metrics = ServerMetrics()
     decoder = Decoder(pack, metrics, k=config.k, max_queue=config.max_queue, timeout_s=config.timeout_s)
-    api = Api(pack, decoder, metrics, config.served_name)
+    api = Api(pack, decoder, metrics, config.served_name, config.max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -65,8 +66,9 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
 
 
 class Api:
-    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str) -> None:
+    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str, max_body_bytes: int) -> None:
         self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, model
+        self.max_body_bytes = max_body_bytes
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
@@ -76,8 +78,8 @@ class Api:
                 raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt",
                                   code="unsupported_value")
             prompt = prompt[0]
-        try:
-            ids = self.pack.encode(prompt)
+        try:  # tokenizing is CPU work: off the event loop, so /health and streams stay live meanwhile
+            ids = await run_in_threadpool(self.pack.encode, prompt)
         except SpecpackError as err:
             raise from_specpack(err, param="prompt") from err
         spec = self._spec(req, ids, req.max_tokens, param="prompt")
@@ -85,13 +87,17 @@ class Api:
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self._parse(request, ChatCompletionRequest)
-        messages = [{"role": m.role, "content": m.text(), **({"name": m.name} if m.name else {})} for m in req.messages]
+        roles = _template_roles(self.pack.tokenizer.chat_template)
+        messages = [{"role": roles.get(m.role, m.role), "content": m.text(), **({"name": m.name} if m.name else {})}
+                    for m in req.messages]
         try:
-            ids = self.pack.tokenizer.encode_messages(messages, add_generation_prompt=True)
+            ids = await run_in_threadpool(self.pack.tokenizer.encode_messages, messages, add_generation_prompt=True)
         except SpecpackError as err:
             raise from_specpack(err, param="messages") from err
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        spec = self._spec(req, ids, max_tokens, param="messages")
+        if req.max_completion_tokens is not None:
+            spec = self._spec(req, ids, req.max_completion_tokens, param="messages", tokens="max_completion_tokens")
+        else:
+            spec = self._spec(req, ids, req.max_tokens, param="messages")
         return await self._answer(request, req, spec, Shapes(self.model, chat=True))
 
     async def models(self, _: Request) -> Response:
@@ -110,7 +116,7 @@ class Api:
 
     async def _parse(self, request: Request, model: type[R]) -> R:
         try:
-            req = model.model_validate_json(await request.body())
+            req = model.model_validate_json(await self._body(request))
         except ValidationError as err:
             raise from_validation(err) from err
         if req.model != self.model:
@@ -119,9 +125,30 @@ class Api:
         req.check_supported()
         return req
 
-    def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str) -> DecodeSpec:
+    async def _body(self, request: Request) -> bytes:
+        """The request body, refused (413) as soon as it is known to pass --max-body-bytes: from its
+        Content-Length, or while it arrives (chunked bodies), never read whole first."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise self._too_large(f"{int(declared)} bytes")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise self._too_large(f"more than {self.max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, found: str) -> APIError:
+        return APIError(413, f"the request body is too large: {found}; this server accepts up to {self.max_body_bytes} "
+                             "bytes (`specpack serve --max-body-bytes`)", param=None, code="request_too_large")
+
+    def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str,
+              tokens: str = "max_tokens") -> DecodeSpec:
         """The request's arguments with OpenAI's defaults (temperature 1), checked by specpack.validation as
-        Pack.generate checks them, and the context-length check, before the request is queued."""
+        Pack.generate checks them, and the context-length check, before the request is queued. Errors name the
+        fields as the request did (`tokens`: max_tokens or max_completion_tokens)."""
+        names = {"max_new_tokens": tokens}
         m = self.pack.manifest
         if max_tokens is None:
             max_tokens = max(1, m.max_len - len(ids)) if isinstance(req, ChatCompletionRequest) else DEFAULT_COMPLETION_TOKENS
@@ -132,13 +159,13 @@ class Api:
             args = check_generate_args(ids, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=req.seed,
                                        limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
         except SpecpackError as err:
-            raise from_specpack(err, param=request_param(err), code="invalid_value") from err
+            raise from_specpack(err, param=request_param(err, names), code="invalid_value", names=names) from err
         try:
             check_context(len(ids), max_tokens, m.max_len)
         except SpecpackError as err:
             raise bad_request(f"This model's maximum context length is {m.max_len} tokens. However, you requested "
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
-                              f"completion). Please reduce the length of the {param} or max_tokens.",
+                              f"completion). Please reduce the length of the {param} or {tokens}.",
                               param=param, code="context_length_exceeded") from err
         return DecodeSpec(args, req.stop_strings())
 
@@ -160,6 +187,13 @@ class Api:
             watcher.cancel()
             if not streaming:
                 self.decoder.release(job)
+
+
+def _template_roles(template: str | None) -> dict[str, str]:
+    """OpenAI's "developer" role (its newer name for the system prompt) becomes "system" for a chat template that
+    does not name it, as llama.cpp and vLLM do: Qwen2.5's template drops a message of a role it does not know,
+    silently, and others raise."""
+    return {} if template is not None and "developer" in template else {"developer": "system"}
 
 
 class JobStream(StreamingResponse):
@@ -188,15 +222,19 @@ async def _collect(job: Job, shapes: Shapes) -> Response:
 
 
 async def _sse_events(shapes: Shapes, job: Job, first: Event, include_usage: bool) -> AsyncIterator[str]:
+    def chunk_sse(chunk: dict[str, Any]) -> str:
+        """With include_usage, every chunk but the usage chunk carries "usage": null (OpenAI's stream_options)."""
+        return sse({**chunk, "usage": None} if include_usage and "usage" not in chunk else chunk)
+
     for chunk in shapes.opening():
-        yield sse(chunk)
+        yield chunk_sse(chunk)
     event = first
     while True:
         if isinstance(event, Piece):
-            yield sse(shapes.piece(event.text))
+            yield chunk_sse(shapes.piece(event.text))
         elif isinstance(event, Done):
             for chunk in shapes.closing(event, include_usage):
-                yield sse(chunk)
+                yield chunk_sse(chunk)
             break
         else:  # the status line is sent: the error goes in the stream, as OpenAI's client expects
             yield sse(_event_error(event).body())

@@ -15,11 +15,12 @@ class ServeConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     device: str = "cpu"              # a registered backend (specpack.runtime.backend.BACKENDS)
-    k: int | None = None             # drafts per step; None: the pack's k_max
+    k: int | None = None             # drafts per step, 0..k_max; None: adaptive ("auto", as Pack.generate's k=None)
     max_queue: int = 32              # requests waiting for the decoder (besides the one decoding); more get 429
     timeout_s: float = 600.0         # a request still unanswered after this long is cancelled (504)
     shutdown_grace_s: float = 30.0   # on SIGTERM, in-flight requests get this long to finish, then are cancelled
     model_name: str | None = None    # the `model` clients send; None: the pack directory's name
+    max_body_bytes: int = 1 << 20    # a longer request body is refused (413) before it is parsed or tokenized
 
     def __post_init__(self) -> None:
         if self.k is not None:
@@ -30,6 +31,8 @@ class ServeConfig:
             raise SpecpackError("invalid --timeout", expected="seconds > 0", found=str(self.timeout_s))
         if not self.shutdown_grace_s >= 0:
             raise SpecpackError("invalid --shutdown-grace", expected="seconds >= 0", found=str(self.shutdown_grace_s))
+        if self.max_body_bytes < 1:
+            raise SpecpackError("invalid --max-body-bytes", expected="an integer >= 1", found=str(self.max_body_bytes))
         if not 0 <= self.port < 65536:
             raise SpecpackError("invalid --port", expected="0..65535", found=str(self.port))
 

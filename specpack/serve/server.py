@@ -62,14 +62,39 @@ class DrainingServer(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening address, bound before uvicorn starts: a bad --host or a port in use is refused with a message
+    and exit status 2 (uvicorn would log it and exit with status 1 or 3)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as err:
+        raise SpecpackError(f"cannot listen on --host {host}", expected="an address or host name of this machine "
+                            "(127.0.0.1, 0.0.0.0, ::, localhost)", found=err.strerror or str(err)) from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as err:
+        sock.close()
+        raise SpecpackError(f"cannot listen on {host}:{port}", expected="a free port on an address of this machine",
+                            found=err.strerror or str(err),
+                            hint="pick another --port, or stop the process that holds it") from None
+    return sock
+
+
 def serve(config: ServeConfig, pack: Any = None) -> None:
     """Serve the pack (loaded from config.pack unless given); blocks until shutdown, then closes the pack."""
     pack = load_pack(config) if pack is None else pack
     try:
-        app = build_app(pack, config)
-        uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", lifespan="on",
-                                   timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + BACKSTOP_S)
-        DrainingServer(uv_config, app.state.decoder, config.shutdown_grace_s).run()
+        sock = bind_socket(config.host, config.port)
+        try:
+            app = build_app(pack, config)
+            uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", lifespan="on",
+                                       timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + BACKSTOP_S)
+            DrainingServer(uv_config, app.state.decoder, config.shutdown_grace_s).run(sockets=[sock])
+        finally:
+            sock.close()
     finally:
         pack.close()
 

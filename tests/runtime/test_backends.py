@@ -100,3 +100,15 @@ def test_cuda_says_what_is_missing(tiny_pack) -> None:
         assert "static KV cache" in str(err.value)  # this pack is concat-style
     else:
         assert "CUDAExecutionProvider" in str(err.value) and "onnxruntime-gpu" in str(err.value)
+
+
+def test_a_bf16_pack_is_refused_on_the_cpu_with_its_reason(tiny_pack) -> None:
+    """ONNX Runtime's CPU EP has no bf16 kernels: the cpu backend says so before it opens a session (it failed with
+    ONNX Runtime's NOT_IMPLEMENTED and a hint to run `specpack verify`, as if the graph were corrupt)."""
+    pack_dir = tiny_pack("qwen2")[0]
+    m = Manifest.read(pack_dir)
+    bf16 = m.model_copy(update={"target": m.target.model_copy(update={"dtype": "bf16"})})
+    with pytest.raises(SpecpackError, match="this bf16 pack cannot run on the CPU") as err:
+        open_backend("cpu", pack_dir, bf16, BackendOptions())
+    assert "bf16 target graphs" in str(err.value) and "--device cuda" in str(err.value)
+    assert "specpack verify" not in str(err.value)

@@ -74,6 +74,7 @@ def test_chat_with_ids_is_an_error(pack: specpack.Pack) -> None:
     ({"temperature": math.nan}, "invalid temperature"), ({"temperature": 10**400}, "invalid temperature"),
     ({"temperature": "0.7"}, "invalid temperature"), ({"top_p": 0}, "invalid top_p"),
     ({"chat": "yes"}, "invalid chat"), ({"on_text": 3}, "invalid on_text"),
+    ({"cancel": True}, "invalid cancel"), ({"cancel": "stop"}, "invalid cancel"),  # not an AttributeError mid-loop
 ])
 def test_bad_arguments_are_refused(pack: specpack.Pack, kwargs: dict[str, object], says: str) -> None:
     args = {"max_new_tokens": 4, **kwargs}

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from conftest import Live
 
 from specpack.cli.main import cli
+from specpack.serve.config import ServeConfig
 
 
 def test_the_cli_does_not_import_the_web_libraries() -> None:
@@ -53,3 +56,35 @@ def test_device_reaches_the_runtime(live: Live) -> None:
 def test_unknown_device_exits_2() -> None:
     result = CliRunner().invoke(cli, ["serve", "PACK", "--device", "tpu"])
     assert result.exit_code == 2 and "cpu" in result.output and "reference" in result.output, result.output
+
+
+def test_a_port_in_use_or_a_bad_host_exits_2(live: Live) -> None:
+    """The address is bound before uvicorn starts (which would log the error and exit 1 or 3)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--port", str(port)])
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.output, result.output
+    assert "--port" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--host", "256.1.1.1", "--port", "0"])
+    assert result.exit_code == 2 and "cannot listen on --host 256.1.1.1" in result.output, result.output
+
+
+@pytest.mark.parametrize(("text", "k"), [("auto", None), ("AUTO", None), ("0", 0), ("3", 3)])
+def test_k_is_auto_or_a_number_as_for_generate(monkeypatch: pytest.MonkeyPatch, text: str, k: int | None) -> None:
+    """--k auto (the default: adaptive k, Pack.generate's k=None) or a fixed N, parsed as `generate --k` is."""
+    import specpack.serve.server as server
+
+    seen: list[ServeConfig] = []
+    monkeypatch.setattr(server, "serve", seen.append)
+    result = CliRunner().invoke(cli, ["serve", "PACK", "--k", text])
+    assert result.exit_code == 0 and seen[0].k == k, result.output
+    result = CliRunner().invoke(cli, ["serve", "PACK", "--k", "many"])
+    assert result.exit_code == 2 and "expected: an integer, or 'auto'" in result.output, result.output
+    assert CliRunner().invoke(cli, ["serve", "--help"]).output.count("auto") >= 1
+
+
+def test_max_body_bytes_is_checked() -> None:
+    result = CliRunner().invoke(cli, ["serve", "PACK", "--max-body-bytes", "0"])
+    assert result.exit_code == 2 and "invalid --max-body-bytes" in result.output, result.output

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import http.client
 import json
+import threading
 from typing import Any
 from urllib.parse import urlparse
 
 import openai
 import pytest
 from conftest import MODEL, Live
+
+from specpack.serve.config import ServeConfig
 
 
 def post(live: Live, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
@@ -72,7 +75,8 @@ def test_prompt_plus_max_tokens_over_the_limit(client: openai.OpenAI, live: Live
     assert_error_object(info.value, 400, "prompt", f"{limit} tokens", f"{limit} for the completion")
 
 
-@pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", b'"text"'])
+@pytest.mark.parametrize("body", [b"{not json", b"", b"[1, 2]", b'"text"', b"[" * 100_000 + b"]" * 100_000,
+                                  b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"])
 def test_malformed_json(live: Live, body: bytes) -> None:
     status, payload = post(live, "/v1/completions", body)
     assert status == 400
@@ -138,3 +142,64 @@ def test_unknown_route_and_method_are_error_objects(live: Live) -> None:
         assert resp.status == status
         assert "message" in json.loads(resp.read())["error"]
         conn.close()
+
+
+def test_a_body_over_max_body_bytes_is_413_before_it_is_read_whole(live: Live) -> None:
+    """A huge body (a 60 MB prompt took 2.5 min and 15 GB to tokenize) is refused from its Content-Length, or while
+    a chunked one arrives, with an error object; the server answers the next request."""
+    limit = ServeConfig(live.pack_dir).max_body_bytes  # the live server's: the default
+    prompt = "a " * (limit // 2 + 16)
+    status, payload = post(live, "/v1/completions", json.dumps({"model": MODEL, "prompt": prompt}).encode())
+    assert status == 413 and payload["error"]["code"] == "request_too_large", payload
+    assert str(limit) in payload["error"]["message"] and "--max-body-bytes" in payload["error"]["message"]
+
+    url = urlparse(live.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    body = json.dumps({"model": MODEL, "prompt": prompt}).encode()
+    chunks = (body[i:i + 65536] for i in range(0, len(body), 65536))
+    conn.request("POST", "/v1/completions", chunks, {"Content-Type": "application/json"}, encode_chunked=True)
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "request_too_large"
+    conn.close()
+
+    status, payload = post(live, "/v1/completions", json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode())
+    assert status == 200, payload
+
+
+def test_tokenizing_a_prompt_does_not_block_the_event_loop(live: Live) -> None:
+    """Encoding runs in a worker thread: /health answers while a request's prompt is being tokenized."""
+    entered, release = threading.Event(), threading.Event()
+    encode = live.pack.encode
+
+    def slow_encode(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        release.wait(30)
+        return encode(*args, **kwargs)
+
+    live.pack.encode = slow_encode  # type: ignore[method-assign]
+    try:
+        results: list[tuple[int, dict[str, Any]]] = []
+        body = json.dumps({"model": MODEL, "prompt": "hi", "max_tokens": 2}).encode()
+        worker = threading.Thread(target=lambda: results.append(post(live, "/v1/completions", body)))
+        worker.start()
+        assert entered.wait(30)
+        url = urlparse(live.url)
+        conn = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+        conn.request("GET", "/health")
+        assert conn.getresponse().status == 200  # a blocked event loop would time out here
+        conn.close()
+    finally:
+        release.set()
+        del live.pack.encode
+    worker.join(30)
+    assert results and results[0][0] == 200, results
+
+
+@pytest.mark.parametrize("value", [0, 10**6])
+def test_max_completion_tokens_errors_name_that_field(live: Live, value: int) -> None:
+    """A chat request that sets max_completion_tokens is told about max_completion_tokens, not max_tokens."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": value}
+    status, payload = post(live, "/v1/chat/completions", json.dumps(body).encode())
+    assert status == 400 and payload["error"]["param"] == "max_completion_tokens", payload
+    assert "invalid max_completion_tokens" in payload["error"]["message"]
+    assert "max_tokens" not in payload["error"]["message"].replace("max_completion_tokens", "")

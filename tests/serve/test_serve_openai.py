@@ -74,6 +74,25 @@ def test_chat_equals_pack_generate_over_the_chat_template(client: openai.OpenAI,
     assert out.usage.completion_tokens == n_tokens
 
 
+def test_developer_role_is_the_system_prompt_for_a_template_that_does_not_name_it(client: openai.OpenAI,
+                                                                                    live: Live) -> None:
+    """OpenAI's "developer" role reaches the model as "system" (the Qwen2.5 template drops roles it does not know)."""
+    assert "developer" not in (live.reference.tokenizer.chat_template or "")
+    as_developer = [{"role": "developer", "content": MESSAGES[0]["content"]}, *MESSAGES[1:]]
+    text, _, _ = expected(live, chat_ids(live))
+    out = client.chat.completions.create(model=MODEL, messages=as_developer, max_tokens=N, temperature=0)  # type: ignore[arg-type]
+    assert out.usage is not None and out.usage.prompt_tokens == len(chat_ids(live))
+    assert out.choices[0].message.content == text
+
+
+def test_template_roles_keep_developer_where_the_template_names_it() -> None:
+    from specpack.serve.app import _template_roles
+    from tests.runtime.test_chat_template import QWEN25_TEMPLATE
+
+    assert _template_roles(QWEN25_TEMPLATE) == {"developer": "system"}
+    assert _template_roles("{% if message.role == 'developer' %}{% endif %}") == {}
+
+
 def test_chat_stream_equals_pack_generate(client: openai.OpenAI, live: Live) -> None:
     text, finish, _ = expected(live, chat_ids(live))
     chunks = list(client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=N, temperature=0,
@@ -95,6 +114,24 @@ def test_stream_is_server_sent_events_ending_with_done(live: Live) -> None:
     assert all(e.startswith("data: ") for e in events)
     assert events[-1] == "data: [DONE]"
     assert json.loads(events[-2][6:])["choices"][0]["finish_reason"] in ("stop", "length")
+    assert all("usage" not in json.loads(e[6:]) for e in events[:-1])  # no include_usage: no usage key
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_include_usage_gives_null_usage_on_every_chunk_but_the_last(live: Live, path: str) -> None:
+    """OpenAI's stream_options.include_usage: the extra last chunk has usage and empty choices; every other chunk
+    carries "usage": null."""
+    url = urlparse(live.url)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+    body = {"model": MODEL, "max_tokens": 6, "temperature": 0, "stream": True, "stream_options": {"include_usage": True},
+            **({"prompt": PROMPT} if path == "/v1/completions" else {"messages": MESSAGES})}
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+    events = [line for line in conn.getresponse().read().decode().split("\n\n") if line]
+    conn.close()
+    chunks = [json.loads(e[6:]) for e in events[:-1]]
+    assert events[-1] == "data: [DONE]" and len(chunks) >= 2
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+    assert all("usage" in c and c["usage"] is None for c in chunks[:-1]), chunks
 
 
 @pytest.mark.parametrize("stream", [False, True])

@@ -200,8 +200,16 @@ def host_cache(entry: ModelEntry, max_len: int, k_max: int) -> KVCache:
 
 
 def _check_cpu_dtypes(m: Manifest) -> None:
-    """fp16 graphs run on the CPU only where ONNX Runtime has fast fp16 kernels (runtime/cpu_fp16.py)."""
+    """bf16 graphs never run on the CPU EP (it has no bf16 kernels for them: ONNX Runtime would fail to load the
+    graph with a NOT_IMPLEMENTED node); fp16 graphs only where it has fast fp16 kernels (runtime/cpu_fp16.py)."""
     from specpack.runtime.cpu_fp16 import cpu_fp16_refusal
+
+    if bf16 := [role for role, entry in m.models() if entry.dtype == "bf16"]:
+        raise SpecpackError("this bf16 pack cannot run on the CPU", expected="an fp32 pack for --device cpu",
+                            found=f"bf16 {' and '.join(bf16)} graphs: ONNX Runtime's CPU execution provider has no "
+                                  "bf16 kernels for them",
+                            hint="run it on a GPU (--device cuda), or re-export with --dtype fp32 (int4 / int8 "
+                                 "weights for speed)")
 
     if any(entry.dtype == "fp16" for _, entry in m.models()) and (why := cpu_fp16_refusal()):
         raise SpecpackError("this fp16 pack has no fast kernels on this CPU", expected="an fp32 pack on this CPU "
