@@ -22,8 +22,9 @@ DecodeStats.per_position's survival: a step stopped at its first rejection says 
 after it.
 
 Costs (MeasuredCosts): the median of the last `window` times per k, and per draft. A k never measured is
-interpolated linearly between measured ks and extrapolated with the nearest segment's slope (>= 0); while a
-single k is measured, with a prior relative slope. A request starts at `first_k`; k = 0 is measured as soon
+interpolated linearly between measured ks and extrapolated with the nearest segment's slope, but never a
+flatter one than the prior relative slope (`verify_slope`: timings flat within noise must not make an unmeasured
+k look free); while a single k is measured, with the prior relative slope. A request starts at `first_k`; k = 0 is measured as soon
 as it looks best, or as a neighbour of k = 1.
 PriorCosts replaces the measurements by fixed relative costs where the k schedule must not depend on the
 clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
@@ -193,8 +194,8 @@ class PriorCosts:
 
 def _interpolate(known: list[tuple[int, float]], k: int, slope: float) -> float:
     """V(k) from the measured (k, V) pairs, sorted by k: linear between them, and beyond them with the slope of
-    the nearest segment (>= 0; below the smallest measured k no lower than a quarter of its V). With a single
-    measured k, `slope` (relative: V(k) / V(0) = 1 + slope k) scales it."""
+    the nearest segment, at least `slope` relative to the edge's V (below the smallest measured k no lower than a
+    quarter of its V). With a single measured k, `slope` (relative: V(k) / V(0) = 1 + slope k) scales it."""
     if len(known) == 1:
         (k0, v0), = known
         return v0 * (1.0 + slope * k) / (1.0 + slope * k0)
@@ -203,7 +204,10 @@ def _interpolate(known: list[tuple[int, float]], k: int, slope: float) -> float:
     if lo is not None and hi is not None:
         return lo[1] if hi[0] == lo[0] else lo[1] + (hi[1] - lo[1]) * (k - lo[0]) / (hi[0] - lo[0])
     (ka, va), (kb, vb) = known[:2] if lo is None else known[-2:]
-    rise = max(vb - va, 0.0) / (kb - ka)
+    edge_k, edge_v = (ka, va) if lo is None else (kb, vb)
+    # at least the prior relative slope: timings flat within noise must not make a k outside the measured range
+    # look free (drafts that are all rejected would then never let k = 0 be tried)
+    rise = max(max(vb - va, 0.0) / (kb - ka), edge_v * slope / (1.0 + slope * edge_k))
     if lo is None:
         return max(va - rise * (ka - k), 0.25 * va)
     return vb + rise * (k - kb)

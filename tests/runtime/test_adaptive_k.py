@@ -193,3 +193,15 @@ def test_through_the_loop_with_a_fake_clock(kind: str) -> None:
     assert state.stats.draft_s == pytest.approx(0.3 * state.stats.proposed if kind != "ngram" else 0.0)
     # greedy with the same timings: the same ks (and run again through run(): a fixed k gives the same tokens)
     assert run(backend, prompt, 80, 3)[0].out == state.out
+
+
+def test_k0_when_drafts_are_rejected_and_the_measured_costs_are_flat() -> None:
+    """Measured on the real pair (n-gram drafter, HumanEval/0: matches found, nearly all rejected): with only
+    k 3..5 measured and their times flat within noise, k = 0 must still look cheaper than drafting (the prior
+    slope bounds the extrapolation below the measured ks), get measured, and win."""
+    rng = np.random.default_rng(1)
+    policy = AdaptiveK(8, costs=MeasuredCosts(8, window=5, verify_slope=0.04))
+    for k in (4, 3, 5, 4, 3, 5, 4, 4):  # what a request that started at k 4 and explored its neighbours measured
+        policy.observe(k, 0, 1.7 + rng.normal(0, 0.2), 0.0)
+    ks = simulate(policy, 60, d=0.0, v=lambda k: 1.0 + 0.18 * k, acceptance=lambda _: 0.01)
+    assert Counter(ks[-40:])[0] >= 30
