@@ -9,8 +9,8 @@ import click
 
 from specpack.bench.runner import BenchConfig
 from specpack.cli.errors import user_errors
+from specpack.cli.options import drafter_option
 from specpack.errors import SpecpackError
-from specpack.limits import DRAFTERS
 
 DEFAULTS = BenchConfig()
 
@@ -40,8 +40,7 @@ def parse_ks(text: str | None) -> tuple[int, ...] | None:
               help="Repetitions of each timed step for c and v(k).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None, help="Write a PNG summary.")
-@click.option("--drafter", type=click.Choice(DRAFTERS), default=None,
-              help="Who drafts: the pack's draft model, or prompt lookup (n-gram). Default: the pack's own.")
+@drafter_option
 @click.option("--peer", type=click.Choice(["hf", "llamacpp"]), default=None,
               help="Also run transformers' generate and assisted generation (hf), or llama.cpp's autoregressive and "
                    "speculative tools on the pack's GGUF sources (llamacpp); each in its own processes.")
