@@ -10,9 +10,9 @@ from typing import Any
 import click
 
 from specpack.cli.errors import user_errors
+from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
-from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
 from specpack.limits import parse_k
 from specpack.validation import check_generate_args
 

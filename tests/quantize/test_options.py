@@ -84,5 +84,5 @@ def test_dequantize_without_a_gguf_source_is_refused(tiny_pairs: Callable[..., t
     assert not out.exists()
     ExportConfig(dequantize=True).check_sources("d.gguf", "models/qwen")  # one .gguf source is enough
     ExportConfig(dequantize=True).check_sources(None, "t.GGUF")
-    with pytest.raises(SpecpackError, match="applies to .gguf sources only"):
+    with pytest.raises(SpecpackError, match=r"applies to \.gguf sources only"):
         ExportConfig(dequantize=True).check_sources(None, "models/qwen")
