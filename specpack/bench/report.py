@@ -6,7 +6,10 @@ Pooled over a group of prompts (a category, or all):
     speedup          tokens_per_s / ar_tokens_per_s: a ratio of pooled throughputs over the same prompts
     speedup_median   the median over prompts of each prompt's own ratio (robust to one slow moment)
     predicted        tau / (k*c + v(k));  efficiency = speedup / predicted
-best_k is the k with the highest speedup; `overall` and `by_category` are at best_k, `by_k` holds every k.
+best_k is the fixed k with the highest speedup; `overall` and `by_category` are at best_k, `by_k` holds every fixed
+k. Adaptive k (`--k ...,auto`) is `auto`: the same numbers (no predicted speedup: its k changes per step), with
+k_histogram (verify steps by k, pooled) and k_asked_histogram; with no fixed k in the sweep, `overall` is it and
+best_k is "auto".
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from specpack.bench.runner import BenchRun, Decode, PromptRun, first_divergence
 from specpack.bench.timing import StepCosts
+from specpack.limits import K_AUTO
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -29,10 +33,12 @@ DEFINITIONS = {
     "tokens_per_s": "decoded tokens (after the first) / decode seconds, pooled: sums over prompts, then the ratio",
     "speedup": "tokens_per_s / ar_tokens_per_s, same pack, backend, prompts and run",
     "speedup_median": "median over prompts of the per-prompt speedup",
-    "predicted_speedup": "tau / (k*c + v(k)), c and v(k) timed on the engines (costs)",
+    "predicted_speedup": "tau / (k*c + v(k)), c and v(k) timed on the engines (costs); none for adaptive k",
     "efficiency": "speedup / predicted_speedup",
     "identical_fraction": "prompts whose greedy output equals the target-alone output, over all prompts",
     "divergences.gap": "top-1 minus top-2 target logit (transformers, the source model) after the common prefix",
+    "k_histogram": "adaptive k: verify steps at each k (index = k), pooled over prompts; k_asked_histogram: as the "
+                   "policy asked, before the cap at the tokens still allowed",
 }
 CAPTION = ("tok/s: decoding after the first token; speedup: spec / AR tok/s; pred.: tau / (k c + v(k)); "
            "eff.: speedup / pred.; ident.: greedy output equal to the target alone's")
@@ -47,18 +53,29 @@ def build_report(run: BenchRun, machine: dict[str, Any]) -> dict[str, Any]:
         summary["by_category"] = {cat: summarize(group, k, run.costs, greedy, run.gaps)
                                   for cat, group in by_category(run.runs).items()}
         by_k[str(k)] = summary
-    best = best_k(by_k)
-    overall = {key: value for key, value in by_k[str(best)].items() if key != "by_category"}
-    return {
-        "overall": overall, "by_category": by_k[str(best)]["by_category"], "by_k": by_k, "best_k": best,
+    auto = None
+    if run.auto:
+        auto = summarize(run.runs, K_AUTO, run.costs, greedy, run.gaps)
+        auto["by_category"] = {cat: summarize(group, K_AUTO, run.costs, greedy, run.gaps)
+                               for cat, group in by_category(run.runs).items()}
+    best: int | str = best_k(by_k) if by_k else K_AUTO
+    chosen = by_k[str(best)] if by_k else auto
+    assert chosen is not None  # check_ks: a sweep has a fixed k or auto
+    overall = {key: value for key, value in chosen.items() if key != "by_category"}
+    report = {
+        "overall": overall, "by_category": chosen["by_category"], "by_k": by_k, "best_k": best,
         "costs": run.costs.to_dict(), "machine": machine, "peak_memory": run.peak_memory,
-        "peers": {name: PEER_SUMMARIES[name](run, raw, by_k[str(best)]) for name, raw in run.peers.items()},
+        "peers": {name: PEER_SUMMARIES[name](run, raw, chosen) for name, raw in run.peers.items()},
         "config": {"ks": list(run.ks), "max_new_tokens": run.config.max_new_tokens,
                    "temperature": run.config.temperature, "seed": run.config.seed, "threads": run.config.threads,
                    "timing_reps": run.config.timing_reps, "n_prompts": len(run.runs)},
         "pack": run.pack, "prompts": [_prompt_row(r) for r in run.runs], "skipped": run.skipped,
         "notes": run.notes, "definitions": DEFINITIONS,
     }
+    if auto is not None:  # only then: a fixed-k report keeps its keys
+        report["auto"] = auto
+        report["config"]["auto"] = True
+    return report
 
 
 def by_category(runs: Sequence[PromptRun]) -> dict[str, list[PromptRun]]:
@@ -73,28 +90,38 @@ def best_k(by_k: dict[str, dict[str, Any]]) -> int:
     return max(sorted(int(k) for k in by_k), key=lambda k: (by_k[str(k)]["speedup"] or 0.0, -k))
 
 
-def summarize(runs: Sequence[PromptRun], k: int, costs: StepCosts, greedy: bool,
+def summarize(runs: Sequence[PromptRun], k: int | str, costs: StepCosts, greedy: bool,
               gaps: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
+    """The numbers of one k of the sweep over `runs`: a fixed k, or K_AUTO (adaptive k, with its k histograms)."""
     spec, ar = [r.spec[k] for r in runs], [r.ar for r in runs]
     steps, proposed, accepted = (sum(d.stats[key] for d in spec) for key in ("steps", "proposed", "accepted"))
     tau = (accepted + steps) / steps if steps else None
     tps, ar_tps = pooled_tokens_per_s(spec), pooled_tokens_per_s(ar)
     speedup = tps / ar_tps if ar_tps else None
-    predicted = costs.predicted_speedup(tau, k) if tau is not None else None
+    fixed = isinstance(k, int)
+    predicted = costs.predicted_speedup(tau, k) if tau is not None and isinstance(k, int) else None
+    depth = k if isinstance(k, int) else max((len(d.stats["per_position"]) for d in spec), default=0)
     ratios = [s.stats["tokens_per_s"] / a.stats["tokens_per_s"] for s, a in zip(spec, ar, strict=True)
               if s.stats["tokens_per_s"] > 0 and a.stats["tokens_per_s"] > 0]
     return {
         "n_prompts": len(runs), "k": k,
-        "alpha": accepted / proposed if proposed else None, "tau": tau, "per_position": per_position(spec, k),
+        "alpha": accepted / proposed if proposed else None, "tau": tau, "per_position": per_position(spec, depth),
         "tokens_per_s": tps, "ar_tokens_per_s": ar_tps, "speedup": speedup,
         "speedup_median": statistics.median(ratios) if ratios else None,
         "predicted_speedup": predicted,
         "efficiency": speedup / predicted if speedup is not None and predicted else None,
-        "c": costs.c, "v": costs.v(k),
+        "c": costs.c, "v": costs.v(k) if isinstance(k, int) else None,
         "ttft_s": _median(d.stats["ttft_s"] for d in spec), "ar_ttft_s": _median(d.stats["ttft_s"] for d in ar),
         "identical_fraction": sum(r.ar.tokens == r.spec[k].tokens for r in runs) / len(runs) if greedy else None,
         "divergences": divergences(runs, k, gaps) if greedy else [],
+        **({} if fixed else {name: pooled_histogram(spec, name) for name in ("k_histogram", "k_asked_histogram")}),
     }
+
+
+def pooled_histogram(decodes: Sequence[Decode], name: str) -> list[int]:
+    """Per-k counts (index = k) summed over decodes."""
+    rows = [d.stats.get(name) or [] for d in decodes]
+    return [sum(row[i] for row in rows if i < len(row)) for i in range(max(map(len, rows), default=0))]
 
 
 def pooled_tokens_per_s(decodes: Sequence[Decode]) -> float:
@@ -120,7 +147,7 @@ def per_position(spec: Sequence[Decode], k: int) -> list[float | None]:
     return out
 
 
-def divergences(runs: Sequence[PromptRun], k: int, gaps: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
+def divergences(runs: Sequence[PromptRun], k: int | str, gaps: dict[tuple[str, int], dict[str, Any]]) -> list[dict[str, Any]]:
     """Where each speculative output first left the target-alone output, with the target's top-2 gap there."""
     found = []
     for r in runs:
@@ -256,6 +283,8 @@ def print_report(report: dict[str, Any], console: Console) -> None:
                           _f(s["efficiency"], ".0%"), _f(s["v"], ".2f"), _f(s["identical_fraction"], ".0%"),
                           style="bold" if int(k) == best else None)
         console.print(sweep)
+    if "auto" in report:
+        _print_auto(report["auto"], console)
     c = report["costs"]
     console.print(f"costs at {c['context_tokens']} tokens of context: target step {c['target_step_ms']:.1f} ms, "
                   f"draft step {c['draft_step_ms']:.1f} ms, c = {c['c']:.3f}, "
@@ -285,6 +314,25 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         console.print(f"[yellow]note:[/yellow] {note}")
     if report["skipped"]:
         console.print(f"[yellow]skipped {len(report['skipped'])} prompts too long for the pack[/yellow]")
+
+
+def _print_auto(a: dict[str, Any], console: Console) -> None:
+    """Adaptive k, by category: the same numbers as for a fixed k, and the ks it chose (verify steps by k)."""
+    from rich.table import Table
+
+    table = Table("category", "n", "alpha", "tau", "AR tok/s", "spec tok/s", "speedup", "ident.", "steps by k",
+                  title="adaptive k (auto)", caption="steps by k: verify steps at each k the policy chose (k:steps)")
+    for name, s in [*a["by_category"].items(), ("overall", a)]:
+        table.add_row(name, str(s["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"),
+                      _f(s["ar_tokens_per_s"], ".1f"), _f(s["tokens_per_s"], ".1f"), _f(s["speedup"], ".2f", "x"),
+                      _f(s["identical_fraction"], ".0%"), k_histogram_text(s["k_histogram"]),
+                      style="bold" if name == "overall" else None)
+    console.print(table)
+
+
+def k_histogram_text(histogram: Sequence[int]) -> str:
+    """[3, 0, 5] -> "0:3 2:5" (the ks used, with their step counts)."""
+    return " ".join(f"{k}:{n}" for k, n in enumerate(histogram) if n) or "-"
 
 
 def _print_quantization(pack: dict[str, Any], console: Console) -> None:

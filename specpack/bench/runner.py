@@ -3,7 +3,7 @@ sweep), on one loaded pack, in one run; then the HF-side extras (divergence logi
 child process once the pack is closed, so that their memory is neither ours nor added to ours.
 
     load pack -> encode prompts -> warm up -> c, v(k) (timing.py)
-      -> per prompt: k = 0, then each k            (progress bar on stderr)
+      -> per prompt: k = 0, then each fixed k, then adaptive k ("auto")   (progress bar on stderr)
       -> close pack -> logit gaps of divergences, --peer hf (peer_hf.py, child processes)
 """
 
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from specpack.bench.prompts import BenchPrompt
 from specpack.bench.timing import StepCosts, measure_step_costs
 from specpack.errors import SpecpackError
-from specpack.limits import check_k
+from specpack.limits import K_AUTO, check_k
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -35,7 +35,7 @@ WARMUP_TOKENS = 8
 
 @dataclass(frozen=True)
 class BenchConfig:
-    ks: tuple[int, ...] | None = None   # the k sweep; None: the pack's k_max alone
+    ks: tuple[int | None, ...] | None = None  # the k sweep, None in it: adaptive k ("auto"); None: k_max and auto
     max_new_tokens: int = 128
     temperature: float = 0.0            # 0: greedy
     seed: int = 0                       # uniforms' seed when sampling; the same for k = 0 and every k
@@ -63,13 +63,13 @@ class PromptRun:
     prompt: BenchPrompt
     ids: list[int]                              # prompt token ids, as the pack encoded them
     ar: Decode                                  # k = 0: the target alone
-    spec: dict[int, Decode] = field(default_factory=dict)
+    spec: dict[int | str, Decode] = field(default_factory=dict)  # by k; adaptive k under K_AUTO ("auto")
 
 
 @dataclass
 class BenchRun:
     config: BenchConfig
-    ks: tuple[int, ...]
+    ks: tuple[int, ...]                         # the fixed ks swept (sorted; may be empty when auto is run)
     pack: dict[str, Any]                        # path, k_max, max_len, dtype, eos ids, sources
     runs: list[PromptRun]
     costs: StepCosts
@@ -78,6 +78,7 @@ class BenchRun:
     gaps: dict[tuple[str, int], dict[str, Any]] = field(default_factory=dict)  # (prompt id, position) -> gap
     peers: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    auto: bool = False                          # adaptive k was run too (PromptRun.spec["auto"])
 
 
 def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConfig,
@@ -93,30 +94,37 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
     with memory:
         with memory.phase("load"):
             pack = load(pack_path, device=config.device, threads=config.threads)
-        ks = check_ks(config.ks, pack.manifest.k_max)
+        ks, auto = check_ks(config.ks, pack.manifest.k_max)
+        timed = ks or (pack.manifest.k_max,)  # adaptive k alone: c and v(k_max)
         encoded, skipped = _encode_all(pack, prompts, config.max_new_tokens)
         _show(progress, task, description="warm-up, then timing c and v(k)")
         with memory.phase("timing"):
-            _warm_up(pack, encoded[0][1], ks, config)
-            costs = measure_step_costs(pack, ks, _timing_context(encoded, config, pack, ks), encoded[0][1],
+            _warm_up(pack, encoded[0][1], sweep(ks, auto), config)
+            costs = measure_step_costs(pack, timed, _timing_context(encoded, config, pack, timed), encoded[0][1],
                                        reps=config.timing_reps,
                                        with_draft=pack.drafter_named(config.drafter)[0] == "model")
-        _show(progress, task, total=len(encoded) * (1 + len(ks)))
-        runs = _decode_all(pack, encoded, ks, config, memory, progress, task)
+        _show(progress, task, total=len(encoded) * (1 + len(ks) + auto))
+        runs = _decode_all(pack, encoded, sweep(ks, auto), config, memory, progress, task)
         info = _pack_info(pack, pack_path, config)
         pack.close()
         del pack
         gc.collect()
-    return BenchRun(config, ks, info, runs, costs, memory.report(), skipped)
+    return BenchRun(config, ks, info, runs, costs, memory.report(), skipped, auto=auto)
 
 
-def check_ks(ks: Sequence[int] | None, k_max: int) -> tuple[int, ...]:
-    """The k sweep, sorted: each k in 1..k_max (k = 0, the target alone, is always run beside it)."""
+def check_ks(ks: Sequence[int | None] | None, k_max: int) -> tuple[tuple[int, ...], bool]:
+    """The k sweep: (the fixed ks sorted, each in 1..k_max; whether adaptive k, None in `ks`, is run). k = 0, the
+    target alone, is always run beside them. None (no --k): the pack's k_max and adaptive k."""
     if ks is None:
-        return (k_max,)
+        return (k_max,), True
     if not ks:
         raise SpecpackError("invalid --k", expected="at least one k", found="nothing")
-    return tuple(sorted({check_k(k, k_max, minimum=1, what="--k") for k in ks}))
+    return tuple(sorted({check_k(k, k_max, minimum=1, what="--k") for k in ks if k is not None})), None in ks
+
+
+def sweep(ks: tuple[int, ...], auto: bool) -> tuple[int | None, ...]:
+    """What each prompt is decoded with after k = 0: the fixed ks, then adaptive k (None, Pack.generate's k)."""
+    return (*ks, None) if auto else ks
 
 
 def first_divergence(a: Sequence[int], b: Sequence[int]) -> int | None:
@@ -144,7 +152,7 @@ def _encode_all(pack: Pack, prompts: Sequence[BenchPrompt],
     return encoded, skipped
 
 
-def _warm_up(pack: Pack, ids: list[int], ks: tuple[int, ...], config: BenchConfig) -> None:
+def _warm_up(pack: Pack, ids: list[int], ks: tuple[int | None, ...], config: BenchConfig) -> None:
     """First runs allocate ONNX Runtime's arenas: keep them out of the measured numbers."""
     for k in (0, *ks):
         pack.generate(ids, WARMUP_TOKENS, k=k, drafter=config.drafter, temperature=config.temperature,
@@ -158,12 +166,12 @@ def _timing_context(encoded: list[tuple[BenchPrompt, list[int]]], config: BenchC
     return max(1, min(typical, pack.manifest.max_len - max(ks) - 2))
 
 
-def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tuple[int, ...], config: BenchConfig,
+def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tuple[int | None, ...], config: BenchConfig,
                 memory: PhaseMemory, progress: Progress | None, task: TaskID | None) -> list[PromptRun]:
     runs = []
     for prompt, ids in encoded:
         for k in (0, *ks):
-            _show(progress, task, description=f"{prompt.id} k={k}")
+            _show(progress, task, description=f"{prompt.id} k={K_AUTO if k is None else k}")
             with memory.phase("autoregressive" if k == 0 else "speculative"):
                 out = pack.generate(ids, config.max_new_tokens, k=k, drafter=config.drafter,
                                     temperature=config.temperature, seed=config.seed)
@@ -171,7 +179,7 @@ def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tu
             if k == 0:
                 runs.append(PromptRun(prompt, ids, decode))
             else:
-                runs[-1].spec[k] = decode
+                runs[-1].spec[K_AUTO if k is None else k] = decode
             _show(progress, task, advance=1)
     return runs
 
@@ -221,7 +229,7 @@ def add_llamacpp_peer(run: BenchRun, tools_dir: Path | None) -> None:
     from specpack.bench.peer_llamacpp import run_llamacpp_peer
 
     try:
-        peer, note = run_llamacpp_peer(run, tools_dir, max(run.ks))
+        peer, note = run_llamacpp_peer(run, tools_dir, max(run.ks, default=run.pack["k_max"]))
     except SpecpackError as err:  # a peer that fails (e.g. crashes) is reported; our own results are kept
         peer, note = None, f"--peer llamacpp failed: {err.what} (found: {err.found})"
     if peer is not None:

@@ -9,27 +9,32 @@ import click
 
 from specpack.bench.runner import BenchConfig
 from specpack.cli.errors import user_errors
+from specpack.cli.options import drafter_option
 from specpack.errors import SpecpackError
-from specpack.limits import DRAFTERS
+from specpack.limits import K_AUTO, parse_k
 
 DEFAULTS = BenchConfig()
 
 
-def parse_ks(text: str | None) -> tuple[int, ...] | None:
-    """--k "1,2,4,8" -> (1, 2, 4, 8); None keeps the pack's k_max."""
+def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
+    """--k "1,2,4,auto" -> (1, 2, 4, None): each part as `generate --k` reads it (parse_k; None: adaptive k).
+    No --k: None, the pack's k_max and adaptive k (BenchConfig)."""
     if text is None:
         return None
     try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError as err:
-        raise SpecpackError("invalid --k", expected="comma-separated integers, e.g. 1,2,4,8", found=text) from err
+        return tuple(parse_k(part) for part in text.split(",") if part.strip())
+    except SpecpackError:
+        raise SpecpackError("invalid --k", expected=f"comma-separated integers and {K_AUTO!r}, e.g. 1,2,4,{K_AUTO}",
+                            found=text) from None
 
 
 @click.command("bench")
 @click.argument("pack", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(path_type=Path),
               help="Prompt file (Spec-Bench/MT-bench, HumanEval .jsonl[.gz], GSM8K, or text); repeat for several.")
-@click.option("--k", "ks", default=None, help="Drafts per step, one or a sweep: 4 or 1,2,4,8 (default: the pack's k_max).")
+@click.option("--k", "ks", default=None,
+              help="Drafts per step, one or a sweep: 4, 1,2,4,8 or 2,4,auto (auto: adaptive k, reported in its own row "
+                   "with the ks it chose). Default: the pack's k_max and auto.")
 @click.option("--max-new-tokens", type=int, default=DEFAULTS.max_new_tokens, show_default=True)
 @click.option("--limit", type=int, default=None, help="Take the first N prompts of each category of each file.")
 @click.option("--temperature", type=float, default=DEFAULTS.temperature, show_default=True, help="0 is greedy.")
@@ -40,8 +45,7 @@ def parse_ks(text: str | None) -> tuple[int, ...] | None:
               help="Repetitions of each timed step for c and v(k).")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
 @click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None, help="Write a PNG summary.")
-@click.option("--drafter", type=click.Choice(DRAFTERS), default=None,
-              help="Who drafts: the pack's draft model, or prompt lookup (n-gram). Default: the pack's own.")
+@drafter_option
 @click.option("--peer", type=click.Choice(["hf", "llamacpp"]), default=None,
               help="Also run transformers' generate and assisted generation (hf), or llama.cpp's autoregressive and "
                    "speculative tools on the pack's GGUF sources (llamacpp); each in its own processes.")
@@ -64,6 +68,9 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     if max_new_tokens < 2:
         raise SpecpackError("invalid --max-new-tokens", expected="an integer >= 2 (decoding starts after the first)",
                             found=str(max_new_tokens))
+    if plot_out is not None and ks is not None and all(k is None for k in parse_ks(ks) or ()):
+        raise SpecpackError("--plot needs a fixed k in the sweep", expected="--k with a number, e.g. 4,auto",
+                            found=f"--k {ks}")
     if timing_reps < 1:
         raise SpecpackError("invalid --timing-reps", expected="an integer >= 1", found=str(timing_reps))
     config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,

@@ -10,13 +10,11 @@ from typing import Any
 import click
 
 from specpack.cli.errors import user_errors
+from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
-from specpack.limits import DRAFTERS, K_AUTO, parse_k
-from specpack.runtime.ngram_drafter import NgramConfig
+from specpack.limits import parse_k
 from specpack.validation import check_generate_args
-
-NGRAM = NgramConfig()  # the n-gram drafter's defaults, defined there once
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -51,15 +49,9 @@ def _print_piece(text: str) -> None:
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
 @click.option("--max-new-tokens", type=int, default=128, show_default=True)
-@click.option("--k", "k_text", default=K_AUTO, show_default=True,
-              help="Drafts per step: auto (chosen per step from acceptance and measured step costs), or a fixed "
-                   "0..the pack's k_max (0: the target alone).")
-@click.option("--drafter", type=click.Choice(DRAFTERS), default=None,
-              help="Who drafts: the pack's draft model, or prompt lookup (n-gram, no model). Default: the pack's.")
-@click.option("--ngram-min", type=int, default=NGRAM.n_min, show_default=True,
-              help="n-gram drafter: the shortest context suffix looked up.")
-@click.option("--ngram-max", type=int, default=NGRAM.n_max, show_default=True,
-              help="n-gram drafter: the longest context suffix looked up (tried first).")
+@k_option
+@drafter_option
+@ngram_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt as one user message in the model's chat template.")
 @click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
 @click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
@@ -82,7 +74,7 @@ def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, m
     k = parse_k(k_text)
     check_generate_args(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
                         chat=chat)  # the checks Pack.generate repeats with the pack's limits, before loading it
-    ngram = NgramConfig(ngram_min, ngram_max)
+    ngram = ngram_config(ngram_min, ngram_max)
     loaded = specpack.load(pack, device=device, threads=threads, manifest_sha256=manifest_sha256, ngram=ngram)
     on_text = None if as_json else _print_piece
     out = loaded.generate(text, max_new_tokens, k=k, drafter=drafter, temperature=temperature, top_k=top_k,

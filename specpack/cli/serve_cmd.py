@@ -8,8 +8,9 @@ from pathlib import Path
 import click
 
 from specpack.cli.errors import user_errors
+from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
 from specpack.errors import SpecpackError
-from specpack.limits import K_AUTO, parse_k
+from specpack.limits import parse_k
 from specpack.runtime.backend import BACKENDS
 from specpack.serve.config import ServeConfig
 
@@ -22,9 +23,9 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--port", type=int, default=D["port"], show_default=True)
 @click.option("--device", type=click.Choice(sorted(BACKENDS)), default=D["device"], show_default=True,
               help="Backend, from the runtime's registry (docs/architecture.md, Backends).")
-@click.option("--k", "k_text", default=K_AUTO, show_default=True,
-              help="Drafts per step: auto (chosen per step from acceptance and measured step costs, as `generate`), "
-                   "or a fixed 0..the pack's k_max (0: the target alone).")
+@k_option
+@drafter_option
+@ngram_options
 @click.option("--max-queue", type=int, default=D["max_queue"], show_default=True,
               help="Requests that may wait for the decoder; more are answered 429.")
 @click.option("--timeout", "timeout_s", type=float, default=D["timeout_s"], show_default=True,
@@ -35,10 +36,12 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--max-body-bytes", type=int, default=D["max_body_bytes"], show_default=True,
               help="Longest request body accepted; a longer one is answered 413 before it is parsed or tokenized.")
 @user_errors
-def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, max_queue: int,
-                  timeout_s: float, shutdown_grace_s: float, model_name: str | None, max_body_bytes: int) -> None:
-    """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics."""
-    config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), max_queue=max_queue,
+def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, drafter: str | None, ngram_min: int,
+                  ngram_max: int, max_queue: int, timeout_s: float, shutdown_grace_s: float, model_name: str | None,
+                  max_body_bytes: int) -> None:
+    """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
+    config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), drafter=drafter,
+                         ngram=ngram_config(ngram_min, ngram_max), max_queue=max_queue,
                          timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
                          max_body_bytes=max_body_bytes)
     try:

@@ -126,6 +126,13 @@ class ExportConfig:
                                 found=source, hint="use int4 or int8 for other sources")
         return self._check_form(role, chosen)
 
+    def check_sources(self, *sources: str | None) -> None:
+        """Options that only mean something for some sources: --dequantize needs a .gguf source."""
+        if self.dequantize and not any(s is not None and s.lower().endswith(".gguf") for s in sources):
+            raise SpecpackError("--dequantize applies to .gguf sources only", expected="a .gguf --draft or --target",
+                                found=", ".join(s for s in sources if s is not None) or "no source",
+                                hint="leave out --dequantize: other sources are exported unquantized (--dtype)")
+
     def _check_form(self, role: str, method: str) -> str:
         """Weight-only quantized graphs are exported in the concat form only so far (the fidelity stage replays
         that form); calibrated Q/DQ graphs in both (the static form's fidelity is not measured). The builder's

@@ -43,6 +43,7 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
     config = config or ExportConfig()
     out = Path(out)
     _check_draft_source(draft_src, config.drafter)
+    config.check_sources(draft_src, target_src)
     check_destination(out, config.overwrite)
     if config.graphs == "builder":  # before any source is resolved: a GGUF conversion takes minutes
         from specpack.export.builder_export import builder_version

@@ -70,7 +70,8 @@ class Pack:
     generations (one runs at a time; the others wait, in no particular order), so every call returns exactly
     what it would return alone. Encoding the prompt and decoding the text run outside the lock; `on_text`
     runs inside it, on the calling thread, and must not call `generate` on the same pack (that raises a
-    SpecpackError rather than deadlocking). `close` waits for a running generation. The backend, the drafter
+    SpecpackError rather than deadlocking). `close` waits for a running generation; after it, `generate` raises a
+    SpecpackError (closing twice is harmless). The backend, the drafter
     and the tokenizer's stream are not thread-safe themselves: reach the backend only through `exclusive()`.
     """
 
@@ -89,6 +90,7 @@ class Pack:
         self._costs: dict[str, Costs] = {}  # drafter -> the step costs adaptive k measured on this machine
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock
+        self.closed = False  # set by close(): the backend's sessions are gone
 
     @contextmanager
     def exclusive(self) -> Iterator[Backend]:
@@ -148,8 +150,9 @@ class Pack:
         Greedy by default; the output distribution is the target's for any sampling parameters, and the same
         seed gives the same tokens. `on_text` receives the text as it is decoded; an exception it raises
         propagates and leaves the pack ready for the next call. `cancel` is checked before every step: once
-        set, generation stops within one step with finish_reason "cancelled".
+        set, generation stops within one step with finish_reason "cancelled". After `close()`: a SpecpackError.
         """
+        self._check_open()
         m = self.manifest
         args = check_generate_args(prompt, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
                                    seed=seed, chat=chat, on_text=on_text, cancel=cancel,
@@ -168,6 +171,7 @@ class Pack:
                         on_text(text)
 
         with self.exclusive() as backend:
+            self._check_open()  # closed while this call waited for the lock
             state = DecodeState.start(ids, max_new_tokens, params, Uniforms(params, m.k_max, seed=seed),
                                       eos_ids=self.eos_ids, max_len=m.max_len, k_max=m.k_max,
                                       stats=DecodeStats(k=policy.k_max, drafter=name,
@@ -186,6 +190,15 @@ class Pack:
             raise SpecpackError("empty prompt", expected="at least one token", found="0 tokens")
         check_context(n_prompt, max_new_tokens, m.max_len)
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise SpecpackError(f"the pack {self.path} is closed", expected="generate before close()",
+                                found="generate after close()", hint="load the pack again: specpack.load(PATH)")
+
     def close(self) -> None:
+        """Wait for a running generation, then free the backend's sessions and buffers; later generate calls raise a
+        SpecpackError. Closing again does nothing."""
         with self.exclusive() as backend:
-            backend.close()
+            if not self.closed:
+                self.closed = True
+                backend.close()

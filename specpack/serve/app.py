@@ -3,6 +3,7 @@
     POST /v1/completions        prompt (text or ids) -> text          stream: true -> server-sent events
     POST /v1/chat/completions   messages -> the model's chat template -> assistant text
     GET  /v1/models             the one model served
+    GET  /v1/models/{id}        its model object (404 for any other id)
     GET  /health                200 while serving, 503 while shutting down
     GET  /metrics               Prometheus text (specpack.serve.metrics)
 
@@ -43,7 +44,7 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
     """The app over a loaded pack; its lifespan starts and stops the decoder."""
     metrics = ServerMetrics()
     decoder = Decoder(pack, metrics, k=config.k, max_queue=config.max_queue, timeout_s=config.timeout_s)
-    api = Api(pack, decoder, metrics, config.served_name, config.max_body_bytes)
+    api = Api(pack, decoder, metrics, config.served_name, config.max_body_bytes, config.drafter)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -55,6 +56,7 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", api.model_card, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/metrics", api.metrics_text, methods=["GET"]),
     ]
@@ -66,9 +68,11 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
 
 
 class Api:
-    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str, max_body_bytes: int) -> None:
+    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str, max_body_bytes: int,
+                 drafter: str | None = None) -> None:
         self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, model
         self.max_body_bytes = max_body_bytes
+        self.drafter = drafter  # `specpack serve --drafter`; None: the pack's own
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
@@ -101,9 +105,21 @@ class Api:
         return await self._answer(request, req, spec, Shapes(self.model, chat=True))
 
     async def models(self, _: Request) -> Response:
-        card = {"id": self.model, "object": "model", "created": 0, "owned_by": "specpack",
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model_card(self, request: Request) -> Response:
+        """GET /v1/models/{id} (the openai client's models.retrieve)."""
+        self._check_model(request.path_params["model_id"])
+        return JSONResponse(self._card())
+
+    def _card(self) -> dict[str, Any]:
+        return {"id": self.model, "object": "model", "created": 0, "owned_by": "specpack",
                 "max_model_len": self.pack.manifest.max_len}
-        return JSONResponse({"object": "list", "data": [card]})
+
+    def _check_model(self, name: str) -> None:
+        if name != self.model:
+            raise APIError(404, f"The model '{name}' does not exist; this server serves '{self.model}'",
+                           param="model", code="model_not_found")
 
     async def health(self, _: Request) -> Response:
         if self.decoder.draining:
@@ -119,9 +135,7 @@ class Api:
             req = model.model_validate_json(await self._body(request))
         except ValidationError as err:
             raise from_validation(err) from err
-        if req.model != self.model:
-            raise APIError(404, f"The model '{req.model}' does not exist; this server serves '{self.model}'",
-                           param="model", code="model_not_found")
+        self._check_model(req.model)
         req.check_supported()
         return req
 
@@ -167,7 +181,11 @@ class Api:
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
                               f"completion). Please reduce the length of the {param} or {tokens}.",
                               param=param, code="context_length_exceeded") from err
-        return DecodeSpec(args, req.stop_strings())
+        try:  # the request's drafter (extension), else --drafter, else the pack's own: one the pack has
+            drafter = self.pack.drafter_named(req.drafter if req.drafter is not None else self.drafter)[0]
+        except SpecpackError as err:
+            raise from_specpack(err, param="drafter", code="invalid_value") from err
+        return DecodeSpec(args, req.stop_strings(), drafter)
 
     async def _answer(self, request: Request, req: SamplingRequest, spec: DecodeSpec, shapes: Shapes) -> Response:
         """Queue the job; answer with one JSON body, or stream once the first event is in."""

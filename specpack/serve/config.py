@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specpack.errors import SpecpackError
-from specpack.limits import check_k
+from specpack.limits import DRAFTERS, check_k
+from specpack.runtime.ngram_drafter import NgramConfig
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,8 @@ class ServeConfig:
     port: int = 8000
     device: str = "cpu"              # a registered backend (specpack.runtime.backend.BACKENDS)
     k: int | None = None             # drafts per step, 0..k_max; None: adaptive ("auto", as Pack.generate's k=None)
+    drafter: str | None = None       # "model" | "ngram"; None: the pack's own (as Pack.generate); a request may pick
+    ngram: NgramConfig = field(default_factory=NgramConfig)  # the n-gram drafter's n range (--ngram-min/--ngram-max)
     max_queue: int = 32              # requests waiting for the decoder (besides the one decoding); more get 429
     timeout_s: float = 600.0         # a request still unanswered after this long is cancelled (504)
     shutdown_grace_s: float = 30.0   # on SIGTERM, in-flight requests get this long to finish, then are cancelled
@@ -25,6 +28,8 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.k is not None:
             check_k(self.k, what="--k")  # against the pack's k_max once it is loaded (server.load_pack)
+        if self.drafter is not None and self.drafter not in DRAFTERS:  # whether the pack has it: server.load_pack
+            raise SpecpackError("invalid --drafter", expected=" | ".join(DRAFTERS), found=repr(self.drafter))
         if self.max_queue < 0:
             raise SpecpackError("invalid --max-queue", expected="an integer >= 0", found=str(self.max_queue))
         if not self.timeout_s > 0:

@@ -38,6 +38,7 @@ class DecodeSpec:
 
     args: GenerateArgs             # prompt ids, max_new_tokens, sampling, seed (k: the server's)
     stop: list[str] = field(default_factory=list)
+    drafter: str | None = None     # "model" | "ngram", checked against the pack; None: the pack's own
 
     @property
     def ids(self) -> list[int]:
@@ -235,7 +236,8 @@ class Decoder:
                     job.halt.set()  # the loop stops before its next step
 
         s = args.sampling
-        gen = self.pack.generate(spec.ids, args.max_new_tokens, k=self.k, temperature=s.temperature, top_k=s.top_k,
+        gen = self.pack.generate(spec.ids, args.max_new_tokens, k=self.k, drafter=spec.drafter,
+                                 temperature=s.temperature, top_k=s.top_k,
                                  top_p=s.top_p, seed=args.seed, on_text=on_text, cancel=job.halt)
         metrics.prompt_tokens.inc(len(spec.ids))
         metrics.generated_tokens.inc(len(gen.tokens))

@@ -63,7 +63,9 @@ class StatusMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        endpoint = scope["path"] if scope["path"] in self.routes else "other"
+        path = scope["path"]  # a route with a parameter (/v1/models/{model_id:path}) is counted under its template
+        endpoint = path if path in self.routes else next(
+            (r for r in self.routes if "{" in r and path.startswith(r[:r.index("{")])), "other")
 
         async def counting_send(message: Message) -> None:
             if message["type"] == "http.response.start":

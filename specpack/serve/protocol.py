@@ -2,7 +2,9 @@
 
 Unknown fields are refused (as OpenAI does). Fields of the API that specpack does not implement are accepted
 only at their neutral value (`n` 1, `logprobs` off, penalties 0, ...): anything else is a 400 that names the
-field, never silently ignored. Extensions: `top_k` (0 or -1 disables, as vLLM).
+field, never silently ignored. `stream_options` only with `stream: true` (as OpenAI). Extensions: `top_k` (0 or -1
+disables, as vLLM) and `drafter` ("model" | "ngram": who drafts for this request; default: `specpack serve --drafter`,
+else the pack's own).
 
 These models check the JSON types only; the values (ranges of max_tokens, temperature, top_p, top_k, seed) are
 checked by specpack.validation, as for Pack.generate, so both refuse the same requests.
@@ -56,6 +58,7 @@ class SamplingRequest(_Request):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None                 # -1 or 0: off
+    drafter: str | None = None               # extension: "model" | "ngram" (checked against the pack's drafters)
     seed: int | None = None
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=4)] | None = None
     stream: bool = False
@@ -73,7 +76,11 @@ class SamplingRequest(_Request):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
     def check_supported(self) -> None:
-        """Refuse any unimplemented field set to a value that would change the output."""
+        """Refuse any unimplemented field set to a value that would change the output, and stream_options without
+        stream (OpenAI refuses it too)."""
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.",
+                              param="stream_options", code="invalid_value")
         for name, neutral in NEUTRAL.items():
             value = getattr(self, name, None)
             if value not in neutral:

@@ -1,6 +1,6 @@
 """Response bodies and stream chunks in OpenAI's shapes, for both endpoints.
 
-Extension: `speculation` ({k, alpha, tau, steps, proposed, accepted, tokens_per_s, ttft_s}, from the runtime's
+Extension: `speculation` ({drafter, k, alpha, tau, steps, proposed, accepted, tokens_per_s, ttft_s}, from the runtime's
 statistics) on every response and on a stream's last chunk (a stop string ends the decode through the runtime's
 cancel event, so its statistics are there too).
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 from specpack.serve.decoder import Done
 
-SPECULATION_KEYS = ("k", "alpha", "tau", "steps", "proposed", "accepted", "tokens_per_s", "ttft_s")
+SPECULATION_KEYS = ("drafter", "k", "alpha", "tau", "steps", "proposed", "accepted", "tokens_per_s", "ttft_s")
 
 
 def usage(done: Done) -> dict[str, int]:

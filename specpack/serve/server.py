@@ -31,16 +31,18 @@ BACKSTOP_S = 10  # after the grace period, how long uvicorn waits for responses 
 
 
 def load_pack(config: ServeConfig) -> Any:
-    """specpack.load(PACK, device=...), and --k checked against the pack's k_max."""
+    """specpack.load(PACK, device=..., ngram=...); --k checked against the pack's k_max and --drafter against the
+    pack's drafters (a pack of the target alone has no draft model), before anything listens."""
     import specpack
 
-    pack = specpack.load(config.pack, device=config.device)
-    if config.k is not None:
-        try:
+    pack = specpack.load(config.pack, device=config.device, ngram=config.ngram)
+    try:
+        if config.k is not None:
             check_k(config.k, pack.manifest.k_max, what="--k")
-        except SpecpackError:
-            pack.close()
-            raise
+        pack.drafter_named(config.drafter)
+    except SpecpackError:
+        pack.close()
+        raise
     return pack
 
 

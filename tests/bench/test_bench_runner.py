@@ -50,8 +50,9 @@ def test_prompts_too_long_are_skipped_not_truncated(fake_pack: Pack) -> None:
 
 
 def test_check_ks() -> None:
-    assert check_ks(None, 4) == (4,)
-    assert check_ks([4, 1, 2, 2], 4) == (1, 2, 4)
+    assert check_ks(None, 4) == ((4,), True)  # no --k: the pack's k_max and adaptive k
+    assert check_ks([4, 1, 2, 2], 4) == ((1, 2, 4), False)
+    assert check_ks([2, None], 4) == ((2,), True) and check_ks([None], 4) == ((), True)
     with pytest.raises(SpecpackError, match=r"an integer in 1\.\.4 \(this pack's k_max\)"):
         check_ks([1, 8], 4)
     with pytest.raises(SpecpackError, match="invalid --k"):
@@ -89,6 +90,47 @@ def test_command_writes_json_table_and_plot(fake_pack: Pack, tmp_path: Path) -> 
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_adaptive_k_is_its_own_row_with_its_k_histogram(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """--k 2,4,auto: the fixed ks as before (by_k, best_k, overall), adaptive k beside them in `auto`, with the
+    ks it chose; the table shows it in its own rows."""
+    monkeypatch.setattr("specpack.runtime.pack.load", lambda path, device="cpu", threads=None: make_fake_pack())
+    prompts = tmp_path / "mine.txt"
+    prompts.write_text("def f(x):\nreturn x\n")
+    out = tmp_path / "r.json"
+    args = ["pack", "--prompts", str(prompts), "--max-new-tokens", "16", "--timing-reps", "1", "--json", str(out)]
+    result = CliRunner().invoke(bench_command, [*args, "--k", "2,4,auto"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    report = json.loads(out.read_text())
+    assert set(report["by_k"]) == {"2", "4"} and report["best_k"] in (2, 4) and report["overall"]["k"] == report["best_k"]
+    assert report["config"]["ks"] == [2, 4] and report["config"]["auto"] is True
+    auto = report["auto"]
+    assert auto["k"] == "auto" and auto["predicted_speedup"] is None and auto["identical_fraction"] == 1.0
+    assert sum(auto["k_histogram"]) == sum(r["spec"]["auto"]["steps"] for r in report["prompts"]) > 0
+    assert len(auto["k_histogram"]) <= 5 and set(auto["by_category"]) == {"mine"}
+    assert "k_histogram" in auto["by_category"]["mine"] and "k_asked_histogram" in auto
+    assert "adaptive k (auto)" in result.output and "steps by k" in result.output and "k sweep" in result.output
+    # a fixed-k sweep keeps its report as it was: no auto keys
+    result = CliRunner().invoke(bench_command, [*args, "--k", "2,4"])
+    assert result.exit_code == 0, result.output
+    fixed = json.loads(out.read_text())
+    assert "auto" not in fixed and "auto" not in fixed["config"] and "adaptive k" not in result.output
+    assert set(fixed["prompts"][0]["spec"]) == {"2", "4"}
+    # auto alone: overall is adaptive k
+    result = CliRunner().invoke(bench_command, [*args, "--k", "auto"])
+    assert result.exit_code == 0, result.output
+    alone = json.loads(out.read_text())
+    assert alone["by_k"] == {} and alone["best_k"] == "auto" and alone["overall"]["k"] == "auto"
+    assert alone["overall"]["k_histogram"] == alone["auto"]["k_histogram"]
+
+
+def test_default_sweep_is_k_max_and_auto(fake_pack: Pack) -> None:
+    run = run_bench(Path("any"), PROMPTS[:1], BenchConfig(max_new_tokens=12, timing_reps=1))
+    assert run.ks == (fake_pack.manifest.k_max,) and run.auto
+    assert set(run.runs[0].spec) == {fake_pack.manifest.k_max, "auto"}
+    assert run.runs[0].spec["auto"].stats["k_policy"] == "auto"
+    assert run.runs[0].spec["auto"].tokens == run.runs[0].ar.tokens
+
+
 def test_command_errors_are_clean(fake_pack: Pack, tmp_path: Path) -> None:
     prompts = tmp_path / "p.txt"
     prompts.write_text("hello\n")
@@ -96,6 +138,10 @@ def test_command_errors_are_clean(fake_pack: Pack, tmp_path: Path) -> None:
     assert result.exit_code == 2 and "invalid --k" in result.output
     result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--k", "9"])
     assert result.exit_code == 2 and "1..4 (this pack's k_max)" in result.output
+    result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--k", "2,often"])
+    assert result.exit_code == 2 and "comma-separated integers and 'auto'" in result.output
+    result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--k", "auto", "--plot", "x.png"])
+    assert result.exit_code == 2 and "--plot needs a fixed k" in result.output
 
 
 def test_divergences_ask_for_gaps_at_the_common_prefix(monkeypatch: pytest.MonkeyPatch) -> None:

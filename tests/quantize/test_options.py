@@ -70,3 +70,19 @@ def test_fp16_pack_is_refused_on_this_x86_cpu(tiny_pairs: Callable[..., tuple[Pa
     with pytest.raises(SpecpackError, match="this fp16 pack has no fast kernels on this CPU") as err:
         specpack.load(tmp_path / "fp16")
     assert "--quantize-target int4" in str(err.value)
+
+
+def test_dequantize_without_a_gguf_source_is_refused(tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                     tmp_path: Path) -> None:
+    """--dequantize means something only for a .gguf source; with none it is refused (exit 2), not ignored."""
+    draft, target = tiny_pairs("qwen2")
+    out = tmp_path / "p"
+    result = CliRunner().invoke(spec_export, ["--draft", str(draft), "--target", str(target), "-o", str(out),
+                                              "--dequantize"])
+    assert result.exit_code == 2, result.output
+    assert "--dequantize applies to .gguf sources only" in result.output and "a .gguf --draft or --target" in result.output
+    assert not out.exists()
+    ExportConfig(dequantize=True).check_sources("d.gguf", "models/qwen")  # one .gguf source is enough
+    ExportConfig(dequantize=True).check_sources(None, "t.GGUF")
+    with pytest.raises(SpecpackError, match=r"applies to \.gguf sources only"):
+        ExportConfig(dequantize=True).check_sources(None, "models/qwen")

@@ -115,3 +115,15 @@ def test_generate_inside_on_text_is_refused(pack: Pack) -> None:
     with pytest.raises(SpecpackError, match="from inside another one"):
         pack.generate(PROMPT, 5, on_text=nested)
     assert len(pack.generate(PROMPT, 5).tokens) == 5
+
+
+def test_generate_after_close_is_refused(pack_dir: Path) -> None:
+    """A closed pack says so (a SpecpackError naming what to do), instead of failing inside its backend."""
+    fresh = specpack.load(pack_dir)
+    assert fresh.generate(PROMPT, 2, k=1).tokens
+    fresh.close()
+    for k in (None, 0, 2):
+        with pytest.raises(SpecpackError, match="is closed") as err:
+            fresh.generate(PROMPT, 2, k=k)
+        assert "generate after close()" in str(err.value) and "specpack.load" in str(err.value)
+    fresh.close()  # a second close does nothing

@@ -203,3 +203,35 @@ def test_max_completion_tokens_errors_name_that_field(live: Live, value: int) ->
     assert status == 400 and payload["error"]["param"] == "max_completion_tokens", payload
     assert "invalid max_completion_tokens" in payload["error"]["message"]
     assert "max_tokens" not in payload["error"]["message"].replace("max_completion_tokens", "")
+
+
+@pytest.mark.parametrize("stream", [None, False])
+@pytest.mark.parametrize("chat", [False, True])
+def test_stream_options_without_stream(live: Live, chat: bool, stream: bool | None) -> None:
+    """As OpenAI: stream_options is only allowed with stream true (null stream_options stays fine)."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2, "stream_options": {"include_usage": True},
+                            **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": "hi"})}
+    if stream is not None:
+        body["stream"] = stream
+    path = "/v1/chat/completions" if chat else "/v1/completions"
+    status, payload = post(live, path, json.dumps(body).encode())
+    assert status == 400, payload
+    assert payload["error"]["param"] == "stream_options" and payload["error"]["type"] == "invalid_request_error"
+    assert "only allowed when 'stream' is enabled" in payload["error"]["message"]
+    status, payload = post(live, path, json.dumps({**body, "stream_options": None}).encode())
+    assert status == 200, payload
+
+
+def test_stream_options_without_stream_openai_client(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt="hi", max_tokens=2, stream_options={"include_usage": True})
+    assert_error_object(info.value, 400, "stream_options", "'stream_options'", "'stream'")
+
+
+def test_retrieve_an_unknown_model(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("gpt-5")
+    assert_error_object(info.value, 404, "model", "gpt-5", MODEL)
+    assert info.value.code == "model_not_found"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve(f"{MODEL}/extra")

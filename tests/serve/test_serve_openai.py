@@ -36,6 +36,13 @@ def test_models_lists_the_served_pack(client: openai.OpenAI, live: Live) -> None
     assert [m.id for m in models.data] == [MODEL]
 
 
+def test_models_retrieve_gives_the_served_model(client: openai.OpenAI, live: Live) -> None:
+    """GET /v1/models/{id}: the same model object as the list's."""
+    model = client.models.retrieve(MODEL)
+    assert model.id == MODEL and model.object == "model" and model.owned_by == "specpack"
+    assert model.model_dump() == client.models.list().data[0].model_dump()
+
+
 def test_completion_equals_pack_generate(client: openai.OpenAI, live: Live) -> None:
     text, finish, n_tokens = expected(live, PROMPT)
     out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0)

@@ -1,0 +1,39 @@
+"""Options that several commands share, each defined once: `--k` (run time), `--drafter`, `--ngram-min/--ngram-max`.
+
+    @k_option @drafter_option @ngram_options          -> k_text: str, drafter: str | None, ngram_min, ngram_max: int
+    parse_k(k_text) -> int | None (None: auto);  ngram_config(ngram_min, ngram_max) -> NgramConfig (checked there)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from specpack.limits import DRAFTERS, K_AUTO
+from specpack.runtime.ngram_drafter import NgramConfig
+
+F = TypeVar("F", bound=Callable[..., Any])
+NGRAM = NgramConfig()  # the n-gram drafter's defaults, defined there once
+
+k_option = click.option(
+    "--k", "k_text", default=K_AUTO, show_default=True,
+    help="Drafts per step: auto (chosen per step from acceptance and measured step costs), or a fixed 0..the pack's "
+         "k_max (0: the target alone).")
+
+drafter_option = click.option(
+    "--drafter", type=click.Choice(DRAFTERS), default=None,
+    help="Who drafts: the pack's draft model, or prompt lookup (n-gram, no model). Default: the pack's own.")
+
+
+def ngram_options(fn: F) -> F:
+    """--ngram-min and --ngram-max, the n-gram drafter's range (NgramConfig's defaults)."""
+    fn = click.option("--ngram-min", type=int, default=NGRAM.n_min, show_default=True,
+                      help="n-gram drafter: the shortest context suffix looked up.")(fn)
+    return click.option("--ngram-max", type=int, default=NGRAM.n_max, show_default=True,
+                        help="n-gram drafter: the longest context suffix looked up (tried first).")(fn)
+
+
+def ngram_config(ngram_min: int, ngram_max: int) -> NgramConfig:
+    return NgramConfig(ngram_min, ngram_max)
