@@ -24,8 +24,8 @@ after it.
 Costs (MeasuredCosts): the median of the last `window` times per k, and per draft. A k never measured is
 interpolated linearly between measured ks and extrapolated with the nearest segment's slope, but never a
 flatter one than the prior relative slope (`verify_slope`: timings flat within noise must not make an unmeasured
-k look free); while a single k is measured, with the prior relative slope. A request starts at `first_k`; k = 0 is measured as soon
-as it looks best, or as a neighbour of k = 1.
+k look free); while a single k is measured, with the prior relative slope. A request starts at `first_k`;
+k = 0 is measured as soon as it looks best, or as a neighbour of k = 1.
 PriorCosts replaces the measurements by fixed relative costs where the k schedule must not depend on the
 clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
 deterministic: tests feed a fake clock.
@@ -55,7 +55,8 @@ class AdaptiveConfig:
     window: int = 5                 # times per k kept for the running median
     verify_slope: float = 0.04      # V(k) / V(0) = 1 + slope k, while a single k is measured (v(8) = 1.35 on the CPU)
     first_k: int = 4                # a request's first step (capped at k_max), before anything is measured
-    min_drafting: int = 4           # steps that verified drafts before k = 0 may win (one unlucky step is no evidence)
+    min_drafting: int = 1           # steps that verified drafts before k = 0 may win (the probes revisit it: 4 lost
+                                    # 5-10 % on short answers; bench/README.md, "Adaptive k replayed")
     probe_every: int = 8            # k = 0 steps before a probe at the best k >= 1
     probe_max: int = 64             # the longest interval between probes
     neighbor_every: int = 16        # every this many drafting steps, one at a neighbour of the best k

@@ -42,9 +42,10 @@ def best_rate_k(a: float, d: float, v: Callable[[int], float], k_max: int) -> tu
 
 
 def test_k0_when_drafts_are_slow() -> None:
+    m = AdaptiveConfig().min_drafting
     ks = simulate(AdaptiveK(8), 300, d=1.5, v=lambda k: 1.0 + 0.05 * k, acceptance=lambda _: 0.9)
-    assert ks[0] == 4 and 0 not in ks[:4]  # the first k, then min_drafting steps that verify drafts
-    assert ks[4:8] == [0] * 4                # then the plain step wins
+    assert ks[0] == 4 and 0 not in ks[:m]    # the first k, then min_drafting steps that verify drafts
+    assert ks[m : m + 4] == [0] * 4          # then the plain step wins
     assert Counter(ks)[0] >= 0.9 * len(ks)
     probes = [i for i, k in enumerate(ks) if k > 0 and i >= 4]
     assert probes and all(b - a >= 8 for a, b in itertools.pairwise(probes))  # rare, and rarer

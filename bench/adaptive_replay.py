@@ -1,0 +1,118 @@
+"""k policies replayed exactly on the real pair's greedy outputs: adaptive k against every fixed k, no timing noise.
+
+    python bench/adaptive_replay.py bench/results/drafters_cpu.json --pack PACK --draft-graph PLAIN_DRAFT.onnx \
+        [--c 0.34] [--v 1,1.07,...] [--noise 0.1] [--json bench/results/adaptive_replay.json]
+
+Greedy speculative decoding emits exactly the target's greedy tokens, and a model draft proposed after an
+accepted prefix is the draft's own greedy token on the target's text: so one teacher-forced pass of the plain
+draft graph over prompt + the target's output (`ar` of drafters_cpu.py's results) gives, for every position,
+whether the draft's argmax equals the target's next token, and any k policy replays exactly from that: a step
+at k accepts the leading matches. Each step costs k c + v(k) target steps (c, v(k): this machine's medians,
+measured by drafters_cpu.py's fixed-k runs), times lognormal noise of sigma --noise (the step times the
+policy sees; seeded); the speedup is decoded tokens / the noiseless cost. The prompts run in the bench's
+order on one policy state per drafter, as a pack keeps its measured costs across requests.
+The draft's predictions are stored in the JSON, so `--replay-only` reruns the policies without the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from drafters_cpu import CATEGORIES, PROMPTS, select_prompts
+
+from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, MeasuredCosts
+from specpack.runtime.k_policy import FixedK, KPolicy
+
+K_MAX = 8
+
+
+def draft_matches(draft_graph: Path, ids: list[int], out: list[int]) -> list[bool]:
+    """matches[i]: the draft's argmax after prompt + out[:i + 1] equals out[i + 1] (i < len(out) - 1)."""
+    from specpack.quantize.fidelity import PlainSession
+
+    logits = PlainSession(draft_graph).logits(ids + out[:-1])  # [S, V]
+    predicted = logits[len(ids) : len(ids) + len(out) - 1].argmax(axis=-1)  # after prompt + out[:i+1]
+    return [bool(p == t) for p, t in zip(predicted.tolist(), out[1:], strict=True)]
+
+
+def replay(matches: list[bool], policy: KPolicy, c: float, v: list[float], rng: np.random.Generator,
+           noise: float) -> dict[str, Any]:
+    """Greedy decoding of len(matches) + 1 tokens (the first from the prefill), k from `policy` each step."""
+    total = len(matches) + 1
+    emitted, cost, steps, hist = 1, 0.0, 0, [0] * (K_MAX + 1)
+    while emitted < total:
+        k = min(policy.next_k(None), total - emitted - 1)  # type: ignore[arg-type]  # the policies read no state
+        n = 0
+        while n < k and matches[emitted - 1 + n]:
+            n += 1
+        step = k * c + v[k]
+        jitter = float(np.exp(rng.normal(0.0, noise))) if noise else 1.0
+        policy.observe(k, n, step * jitter, k * c * jitter)
+        cost, steps, emitted = cost + step, steps + 1, emitted + n + 1
+        hist[k] += 1
+    return {"speedup": (total - 1) / cost, "tau": (total - 1) / steps, "k_histogram": hist}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--pack", type=Path, help="for its tokenizer (no model is loaded)")
+    ap.add_argument("--draft-graph", type=Path, help="the plain fp32 draft graph (export_plain_graph)")
+    ap.add_argument("--c", type=float, default=0.34)
+    ap.add_argument("--v", default="1,1.05,1.10,1.10,1.10,1.13,1.16,1.19,1.22", help="v(0..8) in target steps")
+    ap.add_argument("--noise", type=float, default=0.1)
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "adaptive_replay.json")
+    ap.add_argument("--replay-only", action="store_true", help="reuse the draft predictions stored in --json")
+    args = ap.parse_args()
+    v = [float(x) for x in args.v.split(",")]
+    results = json.loads(args.results.read_text())
+    stored = json.loads(args.json.read_text()) if args.json.exists() else {}
+    prompts = stored.get("prompts", {}) if args.replay_only else {}
+    if not args.replay_only:
+        from specpack.runtime.tokenizer import PackTokenizer
+
+        tokenizer = PackTokenizer.load(args.pack / "tokenizer")
+        chosen = {p.id: p for p in select_prompts(PROMPTS / "spec_bench_question.jsonl", PROMPTS / "HumanEval.jsonl.gz",
+                                                  list(CATEGORIES), 4)}
+        for pid, entry in results["runs"].items():
+            p, out = chosen[pid], entry["configs"]["ar"]["tokens"]
+            ids = tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)
+            prompts[pid] = {"category": entry["category"], "matches": draft_matches(args.draft_graph, ids, out)}
+            print(f"{pid}: {sum(prompts[pid]['matches'])}/{len(prompts[pid]['matches'])} positions match", file=sys.stderr)
+    policies: dict[str, Any] = {f"k{k}": (lambda k=k: FixedK(k)) for k in range(K_MAX + 1)}
+    policies["auto"] = None  # one AdaptiveK state per request, costs kept across requests (as Pack.policy)
+    table: dict[str, dict[str, Any]] = {}
+    for seed in range(args.seeds):
+        rng = np.random.default_rng(seed)
+        costs = MeasuredCosts(K_MAX, AdaptiveConfig().window, AdaptiveConfig().verify_slope)
+        for pid, entry in prompts.items():
+            for name, make in policies.items():
+                policy = AdaptiveK(K_MAX, costs=costs) if make is None else make()
+                row = replay(entry["matches"], policy, args.c, v, rng, args.noise)
+                table.setdefault(pid, {"category": entry["category"]}).setdefault(name, []).append(row)
+    summary = {}
+    print("| category | " + " | ".join(policies) + " | best fixed |")
+    for pid, rows in table.items():
+        speed = {name: statistics.median(r["speedup"] for r in rows[name]) for name in policies}
+        best = max((n for n in policies if n != "auto"), key=lambda n: speed[n])
+        summary[pid] = {"category": rows["category"], "speedup": speed, "best_fixed": best,
+                        "auto_k_histogram": [sum(col) for col in zip(*(r["k_histogram"] for r in rows["auto"]),
+                                                                      strict=True)]}
+        print(f"| {rows['category']} | " + " | ".join(f"{speed[n]:.2f}" for n in policies) + f" | {best} |")
+    args.json.write_text(json.dumps({"c": args.c, "v": v, "noise": args.noise, "seeds": args.seeds,
+                                     "config": AdaptiveConfig().__dict__, "summary": summary,
+                                     "prompts": prompts}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
