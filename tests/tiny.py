@@ -138,3 +138,37 @@ def make_pair(family: str, root: Path, draft: DraftKind = "small", *, head_dim: 
         make_model(family, draft_dir, layers=1, heads=2, kv_heads=1, head_dim=head_dim,
                    max_positions=max_positions, seed=1, tokenizer=tok)
     return draft_dir, target
+
+
+def qwen2_gguf_writer(path: Path, name: str, *, layers: int, hidden: int, heads: int, kv_heads: int,
+                      ffn: int):  # -> (gguf.GGUFWriter, vocabulary size)
+    """A GGUF writer for a tiny Qwen2 with its metadata and the tiny Qwen2 tokenizer set; the caller adds the tensors
+    and writes the file."""
+    import gguf
+
+    tok = json.loads(make_tokenizer("qwen2").backend_tokenizer.to_str())
+    vocab: dict[str, int] = tok["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    specials = {t["content"] for t in tok["added_tokens"]}
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
+    w = gguf.GGUFWriter(path, "qwen2")
+    w.add_name(name)
+    w.add_block_count(layers)
+    w.add_context_length(256)
+    w.add_embedding_length(hidden)
+    w.add_feed_forward_length(ffn)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv_heads)
+    w.add_rope_freq_base(10000.0)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens])
+    w.add_token_merges(merges)
+    w.add_bos_token_id(vocab["<|endoftext|>"])
+    w.add_eos_token_id(vocab["<|im_end|>"])
+    w.add_pad_token_id(vocab["<|endoftext|>"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(CHATML_TEMPLATE)
+    return w, len(tokens)

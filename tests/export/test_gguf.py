@@ -13,7 +13,7 @@ import pytest
 
 from specpack.errors import SpecpackError
 from specpack.export.gguf import RECORD, cache_key, convert_gguf, read_gguf_summary
-from tests.tiny import CHATML_TEMPLATE, make_tokenizer
+from tests.tiny import CHATML_TEMPLATE, qwen2_gguf_writer
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN = 2, 64, 4, 2, 128
 HEAD_DIM = HIDDEN // HEADS
@@ -44,33 +44,9 @@ def write_tiny_gguf(path: Path) -> dict[str, np.ndarray]:
     """A loadable Qwen2 GGUF: 1-D tensors F32, attention Q8_0, the rest F16. Returns the fp32 originals."""
     import gguf
 
-    tok = json.loads(make_tokenizer("qwen2").backend_tokenizer.to_str())
-    vocab: dict[str, int] = tok["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    specials = {t["content"] for t in tok["added_tokens"]}
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-
-    w = gguf.GGUFWriter(path, "qwen2")
-    w.add_name("tiny qwen2")
-    w.add_block_count(LAYERS)
-    w.add_context_length(256)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(vocab["<|endoftext|>"])
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    w.add_pad_token_id(vocab["<|endoftext|>"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
-    tensors = _tensors(len(tokens))
+    w, n_tokens = qwen2_gguf_writer(path, "tiny qwen2", layers=LAYERS, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS,
+                                   ffn=FFN)
+    tensors = _tensors(n_tokens)
     for name, data in tensors.items():
         if data.ndim == 1:
             w.add_tensor(name, data)

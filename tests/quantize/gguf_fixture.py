@@ -7,12 +7,11 @@ writes the Q8_0 and Q5_0 tensors. transformers reads the file like any GGUF (exp
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from tests.tiny import CHATML_TEMPLATE, make_tokenizer
+from tests.tiny import qwen2_gguf_writer
 
 LAYERS, HIDDEN, HEADS, KV_HEADS, FFN = 2, 256, 4, 2, 512
 HEAD_DIM = HIDDEN // HEADS
@@ -81,32 +80,9 @@ def write_kquant_gguf(path: Path) -> dict[str, tuple[str, np.ndarray]]:
     """A loadable Qwen2 GGUF at `path`; returns its 2-D tensors: GGUF name -> (format, stored data)."""
     import gguf
 
-    tok = json.loads(make_tokenizer("qwen2").backend_tokenizer.to_str())
-    vocab: dict[str, int] = tok["model"]["vocab"]
-    tokens = sorted(vocab, key=vocab.__getitem__)
-    specials = {t["content"] for t in tok["added_tokens"]}
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-    w = gguf.GGUFWriter(path, "qwen2")
-    w.add_name("tiny k-quant qwen2")
-    w.add_block_count(LAYERS)
-    w.add_context_length(256)
-    w.add_embedding_length(HIDDEN)
-    w.add_feed_forward_length(FFN)
-    w.add_head_count(HEADS)
-    w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(10000.0)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.CONTROL if t in specials else gguf.TokenType.NORMAL for t in tokens])
-    w.add_token_merges(merges)
-    w.add_bos_token_id(vocab["<|endoftext|>"])
-    w.add_eos_token_id(vocab["<|im_end|>"])
-    w.add_pad_token_id(vocab["<|endoftext|>"])
-    w.add_add_bos_token(False)
-    w.add_chat_template(CHATML_TEMPLATE)
-    tensors = _weights(len(tokens))
+    w, n_tokens = qwen2_gguf_writer(path, "tiny k-quant qwen2", layers=LAYERS, hidden=HIDDEN, heads=HEADS, kv_heads=KV_HEADS,
+                                   ffn=FFN)
+    tensors = _weights(n_tokens)
     for name, (fmt, data) in tensors.items():
         if fmt in ("F32", "F16"):
             w.add_tensor(name, data)
