@@ -5,10 +5,10 @@
 
 Greedy speculative decoding emits exactly the target's greedy tokens, and a model draft proposed after an
 accepted prefix is the draft's own greedy token on the target's text: so one teacher-forced pass of the plain
-draft graph over prompt + the target's output (`ar` of drafters_cpu.py's results) gives, for every position,
+draft graph over prompt + the target's output (`ar` of drafters.py's results) gives, for every position,
 whether the draft's argmax equals the target's next token, and any k policy replays exactly from that: a step
 at k accepts the leading matches. Each step costs k c + v(k) target steps (c, v(k): this machine's medians,
-measured by drafters_cpu.py's fixed-k runs), times lognormal noise of sigma --noise (the step times the
+measured by drafters.py's fixed-k runs), times lognormal noise of sigma --noise (the step times the
 policy sees; seeded); the speedup is decoded tokens / the noiseless cost. The prompts run in the bench's
 order on one policy state per drafter, as a pack keeps its measured costs across requests.
 The draft's predictions are stored in the JSON, so `--replay-only` reruns the policies without the model.
@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drafters_cpu import CATEGORIES, PROMPTS, select_prompts
+from drafters import CATEGORIES, PROMPTS, select_prompts
 
 from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, MeasuredCosts
 from specpack.runtime.k_policy import FixedK, KPolicy

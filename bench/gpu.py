@@ -12,6 +12,11 @@ Phases (each writes its part of the JSON as soon as it ends; a failing phase rec
     real      the real pair (GGUF, --draft-gguf / --target-gguf) exported fp16 static, `specpack bench` on
               4 HumanEval + 4 MT-bench prompts (--prompts), 128 new tokens, greedy, through the cuda backend,
               with NVML energy per token; speedup, predicted_speedup, tokens/s
+    genai_pack  the same with the model builder's graphs (spec-export --graphs builder --dtype fp16 --ep cuda)
+    genai     onnxruntime-genai on the same prompts; hf: transformers bf16 generate and assisted generation
+    divergences  where a configuration's greedy tokens left autoregressive decoding's: the target's top-2
+              logit gap there (fp32, transformers)
+    summary   the top-level fields, from genai_pack where it ran, else real
 Time depends on the shapes, not on the weight values: acceptance comes from the real pair.
 The tokenizer directory (--tokenizer) gives the random models a real vocabulary (Qwen2.5's, 151,936 rows).
 """
@@ -43,6 +48,7 @@ VOCAB = 151936
 MAX_LEN = 1024
 K_MAX = 8
 CONTEXT = 128
+PACK_DIRS = {"real": "pack-real", "genai_pack": "pack-genai"}  # phase -> its pack's folder under --work
 
 
 def log(*args: object) -> None:
@@ -254,15 +260,28 @@ def real_prompts(args: argparse.Namespace) -> list[Any]:
 
 def phase_real(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Our pack on the real pair: autoregressive (k = 0) and speculative (k = args.k) per prompt, energy each."""
-    from specpack.deploy.manifest import Manifest
-
     work = Path(args.work)
-    pack_dir = work / "pack-real"
+    pack_dir = work / PACK_DIRS["real"]
     real = result.setdefault("real", {})
     real["export_s"] = export(Path(args.draft_gguf), Path(args.target_gguf), pack_dir)
     log(f"real pack exported in {real['export_s']:.0f} s")
     decode_real(open_pack(pack_dir, True), args, real)
-    real["source_dirs"] = {role: getattr(Manifest.read(pack_dir), role).source.resolved for role in ("draft", "target")}
+    real["source_dirs"] = source_dirs(pack_dir)
+
+
+def source_dirs(pack_dir: Path) -> dict[str, str]:
+    """role -> the Hugging Face directory the pack was exported from (the GGUF's conversion)."""
+    from specpack.deploy.manifest import Manifest
+
+    manifest = Manifest.read(pack_dir)
+    return {role: getattr(manifest, role).source.resolved for role in ("draft", "target")}
+
+
+def our_run(result: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The pack whose figures the summary reports and the peers sit beside: the builder's graphs (genai_pack,
+    the GPU export) where that phase ran, else our torch export (real)."""
+    name = "genai_pack" if "source_dirs" in result.get("genai_pack", {}) else "real"
+    return name, result.get(name, {})
 
 
 def configs(args: argparse.Namespace) -> list[tuple[str, str, int | None]]:
@@ -319,7 +338,7 @@ def phase_genai_pack(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     work = Path(args.work)
     entry = result.setdefault("genai_pack", {})
-    pack_dir = work / "pack-genai"
+    pack_dir = work / PACK_DIRS["genai_pack"]
     if not (pack_dir / "manifest.json").exists():
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "specpack", "export", "--draft", args.draft_gguf, "--target",
@@ -329,6 +348,7 @@ def phase_genai_pack(args: argparse.Namespace, result: dict[str, Any]) -> None:
         entry["export_s"] = time.perf_counter() - t0
     log("genai pack written")
     decode_real(specpack.load(pack_dir, device="cuda"), args, entry)
+    entry["source_dirs"] = source_dirs(pack_dir)
 
 
 def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], k: int, labels: list[str]) -> dict[str, Any]:
@@ -365,6 +385,41 @@ def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], k: int, labels:
     return out
 
 
+def phase_divergences(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Where a speculative configuration's greedy tokens leave autoregressive decoding's (fp16): the first
+    differing position, the two tokens, and the target's top-2 logit gap there (transformers, fp32 on the GPU,
+    over the prompt and the tokens both emitted): a gap near 0 is an fp16 rounding tie, not an error."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from specpack.runtime.tokenizer import PackTokenizer
+
+    name, ours = our_run(result)
+    tokenizer = PackTokenizer.load(Path(args.work) / PACK_DIRS[name] / "tokenizer")
+    prompts = {p.id: tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text) for p in real_prompts(args)}
+    model = AutoModelForCausalLM.from_pretrained(ours["source_dirs"]["target"], dtype=torch.float32).to("cuda").eval()
+    found = []
+    for row in ours["prompts"]:
+        ar = row["ar"]["tokens"]
+        for label, run in row.items():
+            if not isinstance(run, dict) or "tokens" not in run or label == "ar" or run["tokens"] == ar:
+                continue
+            i = next((j for j, (a, b) in enumerate(zip(ar, run["tokens"], strict=False)) if a != b),
+                     min(len(ar), len(run["tokens"])))
+            if i >= min(len(ar), len(run["tokens"])):
+                found.append({"id": row["id"], "config": label, "position": i, "note": "one output is a prefix"})
+                continue
+            with torch.no_grad():
+                x = torch.tensor([prompts[row["id"]] + ar[:i]], device="cuda")
+                logits = model(x).logits[0, -1].float()
+            top = torch.topk(logits, 2)
+            found.append({"id": row["id"], "config": label, "position": i, "ar_token": ar[i],
+                          "spec_token": run["tokens"][i], "top2_gap": float(top.values[0] - top.values[1]),
+                          "gap_between_the_two": float(logits[ar[i]] - logits[run["tokens"][i]])})
+            log(f"divergence: {found[-1]}")
+    ours["divergences"] = found
+
+
 def phase_hf(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """transformers bf16 on the GPU: generate (hf-ar) and assisted generation with the draft (hf-assisted)."""
     import torch
@@ -372,9 +427,9 @@ def phase_hf(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     from specpack.runtime.tokenizer import PackTokenizer
 
-    real = result["real"]
+    name, real = our_run(result)
     dirs = real["source_dirs"]
-    tokenizer = PackTokenizer.load(Path(args.work) / "pack-real" / "tokenizer")
+    tokenizer = PackTokenizer.load(Path(args.work) / PACK_DIRS[name] / "tokenizer")
     prompts = [(p, tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)) for p in real_prompts(args)]
     target = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.bfloat16).to("cuda").eval()
     draft = AutoModelForCausalLM.from_pretrained(dirs["draft"], dtype=torch.bfloat16).to("cuda").eval()
@@ -414,7 +469,8 @@ def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     from specpack.runtime.tokenizer import PackTokenizer
 
-    real, work = result["real"], Path(args.work)
+    name, real = our_run(result)
+    work = Path(args.work)
     built = {}
     for role, src in real["source_dirs"].items():
         out = work / f"genai-real-{role}"
@@ -423,7 +479,7 @@ def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
                             "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")], check=True,
                            stdout=subprocess.DEVNULL)
         built[role] = out
-    tokenizer = PackTokenizer.load(work / "pack-real" / "tokenizer")
+    tokenizer = PackTokenizer.load(work / PACK_DIRS[name] / "tokenizer")
     prompts = [(p, tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)) for p in real_prompts(args)]
     peers = real.setdefault("peers", {})
 
@@ -487,7 +543,8 @@ def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def phase_summary(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """The issue's top-level fields from the phases' results (real pair: all 8 prompts, k = args.k)."""
-    real, card_info = result.get("real", {}), result.get("card", {})
+    name, real = our_run(result)
+    card_info = result.get("card", {})
     summary = real.get("summary", {}).get("all", {})
     costs = real.get("costs", {})
     peers = real.get("peers", {})
@@ -496,6 +553,7 @@ def phase_summary(args: argparse.Namespace, result: dict[str, Any]) -> None:
     bytes_read = make_model_bytes(read)
     bandwidth = card_info.get("copy_bandwidth_gb_s", 0.0) * 1e9
     result.update({
+        "summary_of": name,
         "device": card_info.get("device"),
         "speedup": summary.get("speedup"),
         "predicted_speedup": summary.get("predicted_speedup"),
@@ -569,7 +627,8 @@ def main() -> None:
               "real": lambda: phase_real(args, result), "builder": lambda: phase_builder(args, result),
               "hf": lambda: phase_hf(args, result), "genai": lambda: phase_genai(args, result),
               "summary": lambda: phase_summary(args, result),
-              "genai_pack": lambda: phase_genai_pack(args, result)}
+              "genai_pack": lambda: phase_genai_pack(args, result),
+              "divergences": lambda: phase_divergences(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:

@@ -8,7 +8,7 @@ NgramDrafter proposes from the prompt and the tokens so far, the accepted drafts
 equal the target's next tokens. For each n range and k this gives tau (tokens per verify) and the steps
 with a proposal; the predicted speedup uses the verify costs v(k) measured on the CPU (bench/README.md):
     predicted = decoded tokens / sum over steps of v(k of the step)     (v(0) = 1: a plain target step)
-The prompts are those of the drafters_cpu.py results (their `ar` tokens), encoded with the pack's tokenizer.
+The prompts are those of the drafters.py results (their `ar` tokens), encoded with the pack's tokenizer.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from drafters_cpu import CATEGORIES, PROMPTS, select_prompts
+from drafters import CATEGORIES, PROMPTS, select_prompts
 
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.state import DecodeState

@@ -30,6 +30,11 @@ PriorCosts replaces the measurements by fixed relative costs where the k schedul
 clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
 deterministic: tests feed a fake clock.
 
+A step right after a k = 0 step gives no per-draft sample (its V(k) sample is kept): the model drafter first
+catches up on the tokens committed without it, which is no draft's cost (on a GPU a catch-up longer than
+k_max + 1 tokens was a run outside the captured graphs, several target steps: counted as d, it kept k at 0,
+bench/README.md, "Drafters on the GPU").
+
 Exploration: while k = 0 wins, every `probe_every` steps one step runs at the best k >= 1 (the interval
 doubles each time k = 0 wins again, up to `probe_max`, and resets once a k >= 1 wins); while drafting, every
 `neighbor_every`-th step runs at a neighbour of the best k, alternately above and below, so the costs and the
@@ -105,7 +110,10 @@ class Costs(Protocol):
 
     def any_measured(self) -> bool: ...
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float) -> None: ...
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
+        """A step of k drafts took elapsed_s, draft_s of it drafting; per_draft False: draft_s is not k drafts'
+        cost (a catch-up was in it), keep only the rest."""
+        ...
 
     def step_times(self, out: list[float]) -> None:
         """out[k] = k d + V(k) for k in 0..k_max, in any one unit (only ratios matter)."""
@@ -145,9 +153,9 @@ class MeasuredCosts:
     def any_measured(self) -> bool:
         return any(self.measured(k) for k in range(len(self.rest)))
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
         self.rest[k].append(max(elapsed_s - draft_s, 0.0))
-        if k > 0:
+        if k > 0 and per_draft:
             self.per_draft.append(draft_s / k)
 
     def step_times(self, out: list[float]) -> None:
@@ -185,7 +193,7 @@ class PriorCosts:
     def any_measured(self) -> bool:
         return True
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
         pass
 
     def step_times(self, out: list[float]) -> None:
@@ -232,6 +240,7 @@ class AdaptiveK:
         self._drafting = 0                  # steps at a k >= 1 by choice
         self._verified = 0                  # steps that verified drafts
         self._above = True                  # the next neighbour explored is best + 1
+        self._after_idle = False            # the last step had k = 0: the next drafts start with a catch-up
 
     @property
     def k_max(self) -> int:
@@ -260,7 +269,8 @@ class AdaptiveK:
     def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
         self._verified += k > 0
         self.acceptance.observe(k, n_accepted)
-        self.costs.observe(k, elapsed_s, draft_s)
+        self.costs.observe(k, elapsed_s, draft_s, per_draft=not self._after_idle)
+        self._after_idle = k == 0
 
     def best(self, low: int = 0) -> int:
         """The k in low..k_max of the highest estimated rate (the smaller on a tie)."""

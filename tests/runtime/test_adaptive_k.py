@@ -21,16 +21,19 @@ CPU_V = [1.0, 1.07, 1.17, 1.2, 1.22, 1.26, 1.29, 1.32, 1.35]  # v(k) measured on
 
 
 def simulate(policy: AdaptiveK, steps: int, d: float, v: Callable[[int], float],
-             acceptance: Callable[[int], float], seed: int = 0) -> list[int]:
-    """Run `steps` steps: k from the policy, i.i.d. acceptance per position (acceptance(step)), time k d + v(k)."""
+             acceptance: Callable[[int], float], seed: int = 0, catch_up: float = 0.0) -> list[int]:
+    """Run `steps` steps: k from the policy, i.i.d. acceptance per position (acceptance(step)), time k d + v(k);
+    a step that drafts right after a k = 0 step spends `catch_up` more in its draft phase (the draft model
+    feeding the tokens committed without it)."""
     rng = np.random.default_rng(seed)
-    ks = []
+    ks: list[int] = []
     for step in range(steps):
         k = policy.next_k(None)  # type: ignore[arg-type]  # the policy does not read the state
         n = 0
         while n < k and rng.random() < acceptance(step):
             n += 1
-        policy.observe(k, n, k * d + v(k), k * d)
+        drafting = k * d + (catch_up if k and ks and ks[-1] == 0 else 0.0)
+        policy.observe(k, n, drafting + v(k), drafting)
         ks.append(k)
     return ks
 
@@ -50,6 +53,16 @@ def test_k0_when_drafts_are_slow() -> None:
     probes = [i for i, k in enumerate(ks) if k > 0 and i >= 4]
     assert probes and all(b - a >= 8 for a, b in itertools.pairwise(probes))  # rare, and rarer
     assert probes[-1] - probes[-2] > probes[1] - probes[0]
+
+
+def test_drafting_resumes_after_k0_despite_catch_up() -> None:
+    """Drafts rejected for 60 steps (k = 0 wins), then accepted: the probes pay a catch-up of 6 target steps in
+    their draft phase (a GPU's uncaptured catch-up), which is no draft's cost: drafting resumes."""
+    ks = simulate(AdaptiveK(8), 400, d=0.3, v=lambda k: 1.0 + 0.04 * k,
+                  acceptance=lambda step: 0.0 if step < 60 else 0.9, catch_up=6.0)
+    assert Counter(ks[40:60])[0] >= 15                  # k = 0 while drafts are rejected
+    assert Counter(ks[-150:])[0] <= 10, ks[-150:]        # then drafting again, k = 0 at most for a few probes
+    assert np.median(ks[-150:]) >= 4
 
 
 def test_k0_when_drafts_are_rejected() -> None:

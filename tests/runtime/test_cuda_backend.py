@@ -19,9 +19,9 @@ from specpack.runtime.pack import Pack
 from specpack.runtime.tokenizer import PackTokenizer
 
 
-def device_pack(pack_dir: Path, slots: int = 1) -> Pack:
+def device_pack(pack_dir: Path, slots: int = 1, chunked_runs: bool = False) -> Pack:
     manifest = Manifest.read(pack_dir)
-    backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots), device="cpu")
+    backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots), device="cpu", chunked_runs=chunked_runs)
     return Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
 
 
@@ -39,6 +39,19 @@ def test_greedy_and_sampled_tokens_equal_the_cpu_backend(static_pack: Path) -> N
         sampled = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}
         assert dev.generate(prompt, 24, k=4, **sampled).tokens == cpu.generate(prompt, 24, k=4, **sampled).tokens
     assert dev.backend.target()._sessions.keys() == {True, False}  # type: ignore[attr-defined]
+
+
+def test_chunked_runs_give_the_same_tokens(static_pack: Path) -> None:
+    """Prefills and the draft's catch-ups after k = 0 steps as chunks of k_max + 1 tokens (as captured on a GPU):
+    the same tokens as one run, greedy, fixed and adaptive k; only runs of at most k_max + 1 tokens are bound."""
+    cpu, dev = specpack.load(static_pack), device_pack(static_pack, chunked_runs=True)
+    rng = np.random.default_rng(3)
+    for length in (30, 9 * 16 + 5):  # chunked; longer than CHUNKED_RUNS_MAX chunks: one run
+        prompt = rng.integers(0, cpu.tokenizer.vocab_size - 8, length).tolist()
+        for k in (0, 3, 8, None):
+            assert dev.generate(prompt, 40, k=k).tokens == cpu.generate(prompt, 40, k=k).tokens, (length, k)
+    for model in (dev.backend.target(), dev.backend.draft()):  # type: ignore[attr-defined]
+        assert all(key[1] <= dev.manifest.k_max + 1 for key in model.slots[0].bindings)
 
 
 def test_bindings_are_made_once_per_run_shape(static_pack: Path) -> None:

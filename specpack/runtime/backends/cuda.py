@@ -14,8 +14,10 @@ next_token per verify, never logits.
 Two forms of each graph, one session each:
     greedy     the head's If inlined as its greedy branch (graphs/greedy_form.py): no control flow, so with
                `enable_cuda_graph` ONNX Runtime captures one CUDA graph per run shape (gpu_graph_id per
-               (slot, S, k)) and replays it: fixed shapes, fixed addresses. Prefills longer than k_max + 1
-               run uncaptured (gpu_graph_id -1): no graph per prompt length. Opened at load.
+               (slot, S, k)) and replays it: fixed shapes, fixed addresses. A run over more than k_max + 1
+               tokens (a prefill, or the draft catching up after k = 0 steps) runs as captured chunks of
+               k_max + 1 tokens while that takes at most CHUNKED_RUNS_MAX chunks, longer ones uncaptured
+               (gpu_graph_id -1): no graph per prompt length. Opened at load.
     sampling   the graph as exported (the If chooses greedy or sampling; not capturable), opened on the first
                sampling request: a pack used for both modes holds the weights twice on the device.
 A request's mode (SamplingParams.greedy) picks the session at reset. Needs a pack exported with
@@ -44,6 +46,10 @@ from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 PROVIDER = "CUDAExecutionProvider"
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
+# A run over more than k_max + 1 tokens goes as captured chunks of k_max + 1 tokens up to this many chunks, beyond
+# it uncaptured. Measured on an H200 (bench/README.md, "Drafters on the GPU"): an uncaptured run over 82 tokens took
+# about 50 ms, a captured chunk 1.3 ms (the 0.5B draft) to 2.2 ms (the 1.5B target).
+CHUNKED_RUNS_MAX = 16
 
 
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> CudaBackend:
@@ -192,6 +198,11 @@ class _DeviceModel:
         greedy run (bound once per run shape), rebound every run when sampling."""
         slot = self.slots[state.slot]
         cache, session = slot.cache, self.session(slot.greedy)
+        if self.backend.chunked_runs and slot.greedy and \
+                self.short_max < end - cache.length <= CHUNKED_RUNS_MAX * self.short_max:
+            # captured chunks; each one's head outputs are overwritten by the next, the cache keeps every token
+            while end - cache.length > self.short_max:
+                self._run(state, cache.length + self.short_max, key, inputs, outputs)
         start = cache.length
         n = end - start
         kv_inputs = cache.bind_inputs(n)  # uploads the mask when the length changed
@@ -296,8 +307,10 @@ class CudaBackend:
     name = "cuda"
 
     def __init__(self, path: Path, manifest: Manifest, options: BackendOptions, *, device: str = "cuda",
-                 cuda_graphs: bool = True) -> None:
-        """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs)."""
+                 cuda_graphs: bool = True, chunked_runs: bool | None = None) -> None:
+        """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
+        chunked_runs: greedy runs over more than k_max + 1 tokens as chunks of k_max + 1 (None: where graphs
+        are captured)."""
         for entry, label in ((manifest.target, "target"), (manifest.draft, "draft")):
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
                 raise SpecpackError("the cuda backend needs graphs with the static KV cache, fp32 or fp16",
@@ -313,6 +326,7 @@ class CudaBackend:
                                     hint="re-export with spec-export --kv-cache static --dtype fp16")
         self.path, self.manifest, self.options, self.device = path, manifest, options, device
         self.cuda_graphs = cuda_graphs and device == "cuda"
+        self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
         width = manifest.max_len + manifest.k_max + 1
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
         self._target = DeviceTarget(self, manifest.target)

@@ -1,8 +1,8 @@
 """Drafters and k policies on the real pair, per Spec-Bench category and HumanEval (issue 10's benchmark).
 
-    python bench/drafters_cpu.py PACK --out bench/results/drafters_cpu.json [--categories humaneval,rag]
-        [--configs ar,model-k4] [--prompts-per-category 3] [--max-new-tokens 64] [--repeat 1]
-    python bench/drafters_cpu.py --summarize bench/results/drafters_cpu.json
+    python bench/drafters.py PACK --out bench/results/drafters_cpu.json [--categories humaneval,rag]
+        [--configs ar,model-k4] [--prompts-per-category 3] [--max-new-tokens 64] [--repeat 1] [--device cpu|cuda]
+    python bench/drafters.py --summarize bench/results/drafters_cpu.json
 
 Every prompt is decoded greedily by each config, one after another in one process (the same pack, machine
 and run as its autoregressive baseline):
@@ -20,12 +20,14 @@ speedup is the median over its prompts. Beside it, the predicted speedup from th
 (k_histogram) and the step costs measured on a quiet run of this machine (bench/README.md: c = 0.35 for the
 model drafter, 0 for prompt lookup; v(k)), which contention on a shared machine does not move:
     predicted = (new tokens - 1) / sum over steps of (k c + v(k))
+With --measure-costs (the default on --device cuda), c and v(k) are measured by this run instead, at the
+median prompt length of the run, before the prompts (bench/timing.py), and stored under "costs".
 Each config's output is compared with `ar`'s (greedy: identical).
 Adaptive k keeps the step costs it measured across the requests of one pack (as a server does), so the
 configs run in a fixed order after one warm-up generation each. --repeat N decodes each prompt N times per
 config and keeps the median time (for comparisons within noise). Results are merged into --out after every
 prompt, so a long benchmark runs as several short locked runs (--categories):
-    flock /tmp/specpack-heavy.lock python bench/drafters_cpu.py PACK --out OUT --categories humaneval,mt_bench
+    flock /tmp/specpack-heavy.lock python bench/drafters.py PACK --out OUT --categories humaneval,mt_bench
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ def run(args: argparse.Namespace) -> None:
     from specpack.runtime.pack import load
 
     results = json.loads(args.out.read_text()) if args.out.exists() else {"runs": {}}
-    pack = load(args.pack, threads=args.threads)
+    pack = load(args.pack, device=args.device, threads=args.threads)
     n = args.prompts_per_category
     candidates = select_prompts(args.spec_bench, args.humaneval, args.categories, 4 * n)
     encoded: list[tuple[Any, list[int]]] = []
@@ -103,8 +105,11 @@ def run(args: argparse.Namespace) -> None:
             print(f"{category}: {skipped} of the first {4 * n} prompts do not fit max_len {pack.manifest.max_len}",
                   file=sys.stderr)
         encoded += fitting[:n]
-    for config in args.configs:  # ONNX Runtime's arenas, and adaptive k's first cost measurements
+    for config in args.configs:  # ONNX Runtime's arenas (CUDA graphs), and adaptive k's first cost measurements
         decode(pack, encoded[0][1], config, WARMUP_TOKENS)
+    if args.measure_costs:
+        results["costs"] = measured_costs(pack, [ids for _, ids in encoded])
+        print(f"costs: c {results['costs']['c']:.3f}, v {results['costs']['v']}", file=sys.stderr)
     started = time.time()
     session = {"categories": args.categories, "configs": args.configs, "repeat": args.repeat,
                "started": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)), "load_avg_start": os.getloadavg()}
@@ -119,7 +124,7 @@ def run(args: argparse.Namespace) -> None:
             entry["configs"][config] = best
             print(f"{prompt.id:32s} {config:11s} {best['tokens_per_s']:6.2f} tok/s  tau {best['tau']:.2f}  "
                   f"k asked {best['k_asked_histogram']}", file=sys.stderr, flush=True)
-        results["machine"] = machine(args.threads)
+        results["machine"] = machine(args.threads, args.device)
         results["config"] = {"pack": str(args.pack), "max_new_tokens": args.max_new_tokens, "greedy": True,
                              "prompts_per_category": args.prompts_per_category}
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -140,7 +145,7 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
         for config, r in entry["configs"].items():
             by_category[entry["category"]][config].append({
                 "speedup": r["tokens_per_s"] / ar["tokens_per_s"], "tokens_per_s": r["tokens_per_s"],
-                "predicted": predicted_speedup(config, r),
+                "predicted": predicted_speedup(config, r, results.get("costs")),
                 "tau": r["tau"], "alpha": r["alpha"], "identical": r["tokens"] == ar["tokens"],
                 "k_asked": r["k_asked_histogram"]})
     summary: dict[str, Any] = {}
@@ -160,10 +165,27 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     return results
 
 
-def predicted_speedup(config: str, r: dict[str, Any]) -> float:
-    """Decoded tokens per quiet-machine target-step time, from the steps this decode took (k_histogram)."""
-    c = QUIET_C.get(CONFIGS[config][1] or "", 0.0)
-    cost = sum(steps * (k * c + QUIET_V[k]) for k, steps in enumerate(r["k_histogram"]))
+def measured_costs(pack: Any, prompts: list[list[int]]) -> dict[str, Any]:
+    """c and v(1..k_max) on this machine, at the run's median prompt length (bench/timing.py)."""
+    from specpack.bench.timing import measure_step_costs
+
+    lengths = sorted(len(ids) for ids in prompts)
+    context = min(lengths[len(lengths) // 2], pack.manifest.max_len - pack.manifest.k_max - 2)
+    filler = max(prompts, key=len)
+    ks = list(range(1, pack.manifest.k_max + 1))
+    return measure_step_costs(pack, ks, context, filler, reps=20).to_dict()
+
+
+def predicted_speedup(config: str, r: dict[str, Any], costs: dict[str, Any] | None = None) -> float:
+    """Decoded tokens per target-step time, from the steps this decode took (k_histogram); the step costs are
+    the run's own (`costs`, --measure-costs) or the quiet CPU machine's (QUIET_C, QUIET_V)."""
+    drafter = CONFIGS[config][1] or ""
+    if costs is None:
+        c, v = QUIET_C.get(drafter, 0.0), QUIET_V
+    else:
+        c = costs["c"] if drafter == "model" else 0.0
+        v = [1.0] + [costs["v"][str(k)] for k in range(1, len(costs["v"]) + 1)]
+    cost = sum(steps * (k * c + v[k]) for k, steps in enumerate(r["k_histogram"]))
     return (r["new_tokens"] - 1) / cost if cost else 1.0
 
 
@@ -185,10 +207,16 @@ def table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def machine(threads: int | None) -> dict[str, Any]:
+def machine(threads: int | None, device: str) -> dict[str, Any]:
     from specpack.bench.report import machine_info
 
     info = machine_info(threads)
+    info["device"] = device
+    if device == "cuda":
+        import subprocess
+
+        info["gpu"] = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                                     capture_output=True, text=True).stdout.strip()
     info["load_avg"] = os.getloadavg()
     info["host"] = platform.node()
     return info
@@ -204,6 +232,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="the pack's backend: cpu (default) or cuda")
+    parser.add_argument("--measure-costs", action=argparse.BooleanOptionalAction, default=None,
+                        help="measure c and v(k) in this run for the predicted speedups (default: on cuda only)")
     parser.add_argument("--spec-bench", type=Path, default=PROMPTS / "spec_bench_question.jsonl")
     parser.add_argument("--humaneval", type=Path, default=PROMPTS / "HumanEval.jsonl.gz")
     parser.add_argument("--summarize", type=Path, default=None, help="Print the table of a results file, run nothing.")
@@ -216,6 +247,8 @@ def main() -> None:
     unknown = [c for c in args.categories if c not in CATEGORIES] + [c for c in args.configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown {unknown}; categories {CATEGORIES}, configs {tuple(CONFIGS)}")
+    if args.measure_costs is None:
+        args.measure_costs = args.device != "cpu"
     if "ar" not in args.configs:
         args.configs.insert(0, "ar")
     run(args)

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# One device call's share of the GPU benchmark (bench/README.md, "GPU"), on the test GPU after staging:
+#
+#   ../shared/device/stage ort-gpu                     # here: downloads the wheels into ~/.cache/device-stage
+#   ../shared/device/stage WHEELS... D.gguf T.gguf PROMPTS...  # here: everything in one set of parts
+#   bash .device/unpack.sh N                           # there, once per part, back to back
+#   bash bench/run_gpu.sh PART                         # there: PART = builder | drafters | peers
+#
+#   builder   the pair exported with the model builder's graphs (spec-export --graphs builder --dtype fp16 --ep cuda),
+#             4 HumanEval + 4 MT-bench prompts: autoregressive, the model drafter at k 4 and adaptive, the n-gram
+#             drafter at k 4 and adaptive; step costs (bench/gpu.py --phases card,genai_pack)
+#   drafters  the same pack per Spec-Bench category and HumanEval, every config, median of --repeat 3
+#             (bench/drafters.py --device cuda, step costs measured in the run)
+#   peers     onnxruntime-genai on the same prompts (autoregressive with and without CUDA graphs, speculative),
+#             then the summary fields (bench/gpu.py --phases genai,summary)
+# Results go to $OUT (the device tool brings them back): gpu-<card>-builder.json, drafters_gpu.json.
+set -uo pipefail
+part=${1:?usage: run_gpu.sh builder|drafters|peers}
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+staged=/tmp/stage/files
+models=$(dirname "$(find $staged -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)")
+prompts=$(dirname "$(find $staged -name 'spec_bench_question.jsonl' | head -1)")
+work=/tmp/gpuwork
+out=${OUT:-/tmp/out}
+mkdir -p "$work" "$out"
+json=$work/gpu-h200-builder.json  # kept on the machine between calls; copied to $OUT after each
+gpu=(python3 bench/gpu.py --work "$work" --json "$json" --draft-gguf "$models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+     --target-gguf "$models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+     --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" --k 4)
+case $part in
+  builder)
+    python3 -c 'import onnxruntime as o, onnxruntime_genai as g; print(o.__version__, o.get_available_providers(), g.__version__)'
+    "${gpu[@]}" --phases card,genai_pack --configs model:auto,ngram:4,ngram:auto ;;
+  drafters)
+    python3 bench/drafters.py "$work/pack-genai" --device cuda --out "$out/drafters_gpu.json" \
+      --spec-bench "$prompts/spec_bench_question.jsonl" --humaneval "$prompts/HumanEval.jsonl.gz" \
+      --prompts-per-category 4 --max-new-tokens 128 --repeat 3 ;;
+  peers)
+    "${gpu[@]}" --phases genai,divergences,summary ;;
+  *) echo "unknown part $part" >&2; exit 2 ;;
+esac
+status=$?
+cp "$json" "$out/" 2>/dev/null
+exit $status
