@@ -12,8 +12,9 @@
 #   drafters  the same pack per Spec-Bench category and HumanEval, every config, median of --repeat 3
 #             (bench/drafters.py --device cuda, step costs measured in the run)
 #   peers     onnxruntime-genai on the same prompts (autoregressive with and without CUDA graphs, speculative),
-#             then the summary fields (bench/gpu.py --phases genai,summary)
-# Results go to $OUT (the device tool brings them back): gpu-<card>-builder.json, drafters_gpu.json.
+#             the top-2 logit gap at every greedy divergence, the summary fields (bench/gpu.py --phases
+#             genai,divergences,summary); then the marked GPU tests (pytest -m gpu tests/gpu)
+# Results go to $OUT (the device tool brings them back): gpu-<card>-builder.json, drafters_gpu.json, gpu_tests.txt.
 set -uo pipefail
 part=${1:?usage: run_gpu.sh builder|drafters|peers}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
@@ -36,7 +37,8 @@ case $part in
       --spec-bench "$prompts/spec_bench_question.jsonl" --humaneval "$prompts/HumanEval.jsonl.gz" \
       --prompts-per-category 4 --max-new-tokens 128 --repeat 3 ;;
   peers)
-    "${gpu[@]}" --phases genai,divergences,summary ;;
+    "${gpu[@]}" --phases genai,divergences,summary
+    python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -x 2>&1 | tee "$out/gpu_tests.txt" | tail -5 ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 status=$?
