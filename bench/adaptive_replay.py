@@ -1,7 +1,8 @@
 """k policies replayed exactly on the real pair's greedy outputs: adaptive k against every fixed k, no timing noise.
 
     python bench/adaptive_replay.py bench/results/drafters_cpu.json --pack PACK --draft-graph PLAIN_DRAFT.onnx \
-        [--c 0.34] [--v 1,1.07,...] [--noise 0.1] [--json bench/results/adaptive_replay.json]
+        [--c 0.34] [--v 1,1.07,...] [--catch-up 0.0] [--noise 0.1] [--json bench/results/adaptive_replay.json]
+        [--set decay=0.9 ...] [--out OUT.json]
 
 Greedy speculative decoding emits exactly the target's greedy tokens, and a model draft proposed after an
 accepted prefix is the draft's own greedy token on the target's text: so one teacher-forced pass of the plain
@@ -11,7 +12,11 @@ at k accepts the leading matches. Each step costs k c + v(k) target steps (c, v(
 measured by drafters.py's fixed-k runs), times lognormal noise of sigma --noise (the step times the
 policy sees; seeded); the speedup is decoded tokens / the noiseless cost. The prompts run in the bench's
 order on one policy state per drafter, as a pack keeps its measured costs across requests.
-The draft's predictions are stored in the JSON, so `--replay-only` reruns the policies without the model.
+A model-drafter step right after k = 0 steps also pays --catch-up target steps per token committed without the
+draft (the draft feeds them before its first draft; about 0.07 on an H200 with chunked captured runs, where
+c = 0.63: bench/README.md, "Drafters on the GPU"), in its draft phase, as the loop times it.
+The draft's predictions are stored in the JSON, so `--replay-only` reruns the policies without the model;
+`--set NAME=VALUE` replays an AdaptiveConfig other than the default, `--out` writes elsewhere than --json.
 """
 
 from __future__ import annotations
@@ -45,18 +50,21 @@ def draft_matches(draft_graph: Path, ids: list[int], out: list[int]) -> list[boo
 
 
 def replay(matches: list[bool], policy: KPolicy, c: float, v: list[float], rng: np.random.Generator,
-           noise: float) -> dict[str, Any]:
+           noise: float, catch_up: float = 0.0) -> dict[str, Any]:
     """Greedy decoding of len(matches) + 1 tokens (the first from the prefill), k from `policy` each step."""
     total = len(matches) + 1
     emitted, cost, steps, hist = 1, 0.0, 0, [0] * (K_MAX + 1)
+    behind = 0  # tokens committed by k = 0 steps since the draft last ran
     while emitted < total:
         k = min(policy.next_k(None), total - emitted - 1)  # type: ignore[arg-type]  # the policies read no state
         n = 0
         while n < k and matches[emitted - 1 + n]:
             n += 1
-        step = k * c + v[k]
+        drafting = k * c + (behind * catch_up if k else 0.0)
+        behind = behind + 1 if k == 0 else 0
+        step = drafting + v[k]
         jitter = float(np.exp(rng.normal(0.0, noise))) if noise else 1.0
-        policy.observe(k, n, step * jitter, k * c * jitter)
+        policy.observe(k, n, step * jitter, drafting * jitter)
         cost, steps, emitted = cost + step, steps + 1, emitted + n + 1
         hist[k] += 1
     return {"speedup": (total - 1) / cost, "tau": (total - 1) / steps, "k_histogram": hist}
@@ -69,12 +77,18 @@ def main() -> None:
     ap.add_argument("--draft-graph", type=Path, help="the plain fp32 draft graph (export_plain_graph)")
     ap.add_argument("--c", type=float, default=0.34)
     ap.add_argument("--v", default="1,1.05,1.10,1.10,1.10,1.13,1.16,1.19,1.22", help="v(0..8) in target steps")
+    ap.add_argument("--catch-up", type=float, default=0.0, help="target steps per token the draft catches up on")
+    ap.add_argument("--set", nargs="*", default=[], help="AdaptiveConfig fields, NAME=VALUE")
+    ap.add_argument("--out", type=Path, help="where to write (default: --json)")
     ap.add_argument("--noise", type=float, default=0.1)
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" / "adaptive_replay.json")
     ap.add_argument("--replay-only", action="store_true", help="reuse the draft predictions stored in --json")
     args = ap.parse_args()
     v = [float(x) for x in args.v.split(",")]
+    fields = AdaptiveConfig.__dataclass_fields__
+    config = AdaptiveConfig(**{name: int(value) if fields[name].type == "int" else float(value)
+                               for name, value in (item.split("=") for item in args.set)})
     results = json.loads(args.results.read_text())
     stored = json.loads(args.json.read_text()) if args.json.exists() else {}
     prompts = stored.get("prompts", {}) if args.replay_only else {}
@@ -94,11 +108,11 @@ def main() -> None:
     table: dict[str, dict[str, Any]] = {}
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
-        costs = MeasuredCosts(K_MAX, AdaptiveConfig().window, AdaptiveConfig().verify_slope)
+        costs = MeasuredCosts(K_MAX, config.window, config.verify_slope)
         for pid, entry in prompts.items():
             for name, make in policies.items():
-                policy = AdaptiveK(K_MAX, costs=costs) if make is None else make()
-                row = replay(entry["matches"], policy, args.c, v, rng, args.noise)
+                policy = AdaptiveK(K_MAX, config, costs=costs) if make is None else make()
+                row = replay(entry["matches"], policy, args.c, v, rng, args.noise, args.catch_up)
                 table.setdefault(pid, {"category": entry["category"]}).setdefault(name, []).append(row)
     summary = {}
     print("| category | " + " | ".join(policies) + " | best fixed |")
@@ -109,9 +123,13 @@ def main() -> None:
                         "auto_k_histogram": [sum(col) for col in zip(*(r["k_histogram"] for r in rows["auto"]),
                                                                       strict=True)]}
         print(f"| {rows['category']} | " + " | ".join(f"{speed[n]:.2f}" for n in policies) + f" | {best} |")
-    args.json.write_text(json.dumps({"c": args.c, "v": v, "noise": args.noise, "seeds": args.seeds,
-                                     "config": AdaptiveConfig().__dict__, "summary": summary,
-                                     "prompts": prompts}, indent=1) + "\n")
+    auto = [row["speedup"]["auto"] for row in summary.values()]
+    ratio = [row["speedup"]["auto"] / row["speedup"][row["best_fixed"]] for row in summary.values()]
+    print(f"auto: worst vs AR {min(auto):.3f}, mean vs best fixed {statistics.fmean(ratio):.3f}, "
+          f"worst vs best fixed {min(ratio):.3f}")
+    (args.out or args.json).write_text(json.dumps({"c": args.c, "v": v, "catch_up": args.catch_up, "noise": args.noise,
+                                                   "seeds": args.seeds, "config": config.__dict__, "summary": summary,
+                                                   "prompts": prompts}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
