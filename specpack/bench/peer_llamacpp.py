@@ -32,9 +32,11 @@ ENV = "SPECPACK_LLAMACPP"
 AR, SPEC_SIMPLE, SPEC = "llama-completion", "llama-speculative-simple", "llama-speculative"
 TOOLS = (AR, SPEC_SIMPLE, SPEC)
 CONTEXT = 2048
-_EVAL = re.compile(r"^\S*\s+eval time =\s*([\d.]+) ms /\s*(\d+) runs", re.MULTILINE)   # not "prompt eval time"
+# lines as llama.cpp prints them, with or without its log prefix ("0.03.973.279 I common_perf_print:" in the build of
+# bench/build_llamacpp.sh, "llama_perf_context_print:" in older ones); "prompt eval time" counts tokens, not runs
+_EVAL = re.compile(r"(?<!prompt )\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
-_COUNT = re.compile(r"^\S*\s*(n_drafted|n_accept)\s*=\s*(\d+)", re.MULTILINE)
+_COUNT = re.compile(r"^(?:.*\s)?(n_drafted|n_accept)\s*=\s*(\d+)", re.MULTILINE)
 
 
 def find_tools(tools_dir: Path | None) -> Path:

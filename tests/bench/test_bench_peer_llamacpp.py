@@ -40,6 +40,11 @@ def test_parsers() -> None:
     assert (ar.decoded_tokens, ar.decode_s, ar.tokens_per_s) == (63, 0.5, 126.0)
     spec = parse_spec("", SPEC_LINES.format(s="2.000"), 2000.0, 4.0)
     assert (spec.decoded_tokens, spec.decode_s, spec.drafted, spec.accepted) == (64, 2.0, 40, 30)
+    # the same lines with the log prefix of newer builds (timestamp, level, function), as bench/build_llamacpp.sh's
+    prefixed = "\n".join(f"0.03.973.279 I common_perf_print: {line.split(': ', 1)[1]}" for line in (PROMPT_LINE, AR_LINE))
+    assert parse_ar("", prefixed, 0.0, 0.0).decoded_tokens == 63
+    spec = parse_spec("", "\n".join(f"0.06.524.949 I {line}" for line in SPEC_LINES.format(s="2.000").splitlines()), 0.0, 0.0)
+    assert (spec.decoded_tokens, spec.drafted, spec.accepted) == (64, 40, 30)
     with pytest.raises(SpecpackError, match="no eval timing"):
         parse_ar("", PROMPT_LINE, 0.0, 0.0)  # the prompt line alone is not the decode timing
     with pytest.raises(SpecpackError, match="no timing"):
