@@ -103,15 +103,17 @@ def make_model(shape: str, out: Path, tokenizer: Path) -> dict[str, Any]:
     return {"weight_bytes_read_per_step": make_model_bytes(s)}
 
 
-def export(draft: Path, target: Path, out: Path) -> float:
+def export(draft: Path, target: Path, out: Path, graphs: str = "torch") -> float:
+    """An fp16 static-cache GQA pack of the pair; `graphs` "builder": the model builder's graphs for CUDA."""
     if (out / "manifest.json").exists():
         return 0.0
     t0 = time.perf_counter()
     from specpack.export.config import ExportConfig
     from specpack.export.pipeline import export_pack
 
+    builder = {"graphs": "builder", "execution_provider": "cuda"} if graphs == "builder" else {}
     export_pack(str(draft), str(target), out, ExportConfig(k=K_MAX, max_len=MAX_LEN, dtype="fp16", kv_cache="static",
-                                                           attention="gqa", isolate=False))
+                                                           attention="gqa", isolate=False, **builder))
     return time.perf_counter() - t0
 
 
@@ -141,19 +143,27 @@ def step_costs(pack_dir: Path, cuda_graphs: bool, reps: int) -> dict[str, Any]:
 
 
 def phase_shapes(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """--graphs torch: result["shapes"]; --graphs builder: result["shapes_builder"] (each random model's folder is
+    removed once its pack is written, to keep the disk: the 7B is 15 GB per copy)."""
+    import shutil
+
     work = Path(args.work)
     copy_bw = result.get("card", {}).get("copy_bandwidth_gb_s")
-    models = {}
-    for shape in ["0.5b", *args.targets]:
-        t0 = time.perf_counter()
-        models[shape] = make_model(shape, work / f"random-{shape}", Path(args.tokenizer))
-        log(f"model {shape}: {time.perf_counter() - t0:.0f} s")
-    shapes = result.setdefault("shapes", {})
+    suffix = "" if args.graphs == "torch" else f"-{args.graphs}"
+    shapes = result.setdefault(f"shapes{suffix.replace('-', '_')}", {})
     for shape in args.targets:
-        pack_dir = work / f"pack-0.5b-{shape}"
+        pack_dir = work / f"pack-0.5b-{shape}{suffix}"
+        models = {}
+        for role in ("0.5b", shape):
+            t0 = time.perf_counter()
+            models[role] = make_model(role, work / f"random-{role}", Path(args.tokenizer)) \
+                if not (pack_dir / "manifest.json").exists() else {"weight_bytes_read_per_step": make_model_bytes(SHAPES[role])}
+            log(f"model {role}: {time.perf_counter() - t0:.0f} s")
         entry: dict[str, Any] = shapes.setdefault(shape, {"target": models[shape], "draft": models["0.5b"]})
-        entry["export_s"] = export(work / "random-0.5b", work / f"random-{shape}", pack_dir)
-        log(f"pack 0.5b/{shape} exported in {entry['export_s']:.0f} s")
+        entry["export_s"] = export(work / "random-0.5b", work / f"random-{shape}", pack_dir, args.graphs)
+        log(f"pack 0.5b/{shape}{suffix} exported in {entry['export_s']:.0f} s")
+        if args.graphs != "torch" and shape != "0.5b":
+            shutil.rmtree(work / f"random-{shape}", ignore_errors=True)
         for graphs in (True, False):
             label = "cuda_graphs" if graphs else "no_cuda_graphs"
             try:
@@ -610,6 +620,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", help="a Qwen2.5 tokenizer directory (tokenizer.json, tokenizer_config.json)")
     parser.add_argument("--phases", default="card,shapes,real,hf,genai,builder,summary")
     parser.add_argument("--targets", nargs="+", default=["1.5b", "7b"])
+    parser.add_argument("--graphs", choices=("torch", "builder"), default="torch",
+                        help="shapes phase: who writes the plain graphs (spec-export --graphs)")
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--draft-gguf")
     parser.add_argument("--target-gguf")

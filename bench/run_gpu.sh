@@ -4,7 +4,7 @@
 #   ../shared/device/stage ort-gpu                     # here: downloads the wheels into ~/.cache/device-stage
 #   ../shared/device/stage WHEELS... D.gguf T.gguf PROMPTS...  # here: everything in one set of parts
 #   bash .device/unpack.sh N                           # there, once per part, back to back
-#   bash bench/run_gpu.sh PART                         # there: PART = builder | drafters | peers
+#   bash bench/run_gpu.sh PART                         # there: PART = builder | drafters | peers | shapes
 #
 #   builder   the pair exported with the model builder's graphs (spec-export --graphs builder --dtype fp16 --ep cuda),
 #             4 HumanEval + 4 MT-bench prompts: autoregressive, the model drafter at k 4 and adaptive, the n-gram
@@ -14,9 +14,13 @@
 #   peers     onnxruntime-genai on the same prompts (autoregressive with and without CUDA graphs, speculative),
 #             the top-2 logit gap at every greedy divergence, the summary fields (bench/gpu.py --phases
 #             genai,divergences,summary); then the marked GPU tests (pytest -m gpu tests/gpu)
+#   shapes    random fp16 models at the 0.5B / 7B / 1.5B shapes exported with the model builder's graphs, step costs
+#             with and without CUDA graphs (bench/gpu.py --phases card,shapes --graphs builder); needs only the
+#             wheels and a Qwen2.5 tokenizer folder staged (e.g. a pack's tokenizer/), no GGUF; may take two calls
+#             (the 7B export): a second call finds the packs written and goes on
 # Results go to $OUT (the device tool brings them back): gpu-<card>-builder.json, drafters_gpu.json, gpu_tests.txt.
 set -uo pipefail
-part=${1:?usage: run_gpu.sh builder|drafters|peers}
+part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 staged=/tmp/stage/files
 models=$(dirname "$(find $staged -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)")
@@ -25,6 +29,7 @@ work=/tmp/gpuwork
 out=${OUT:-/tmp/out}
 mkdir -p "$work" "$out"
 json=$work/gpu-h200-builder.json  # kept on the machine between calls; copied to $OUT after each
+[[ $part == shapes ]] && json=$work/gpu-h200-shapes-builder.json
 gpu=(python3 bench/gpu.py --work "$work" --json "$json" --draft-gguf "$models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
      --target-gguf "$models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
      --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" --k 4)
@@ -39,6 +44,10 @@ case $part in
   peers)
     "${gpu[@]}" --phases genai,divergences,summary
     python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -x 2>&1 | tee "$out/gpu_tests.txt" | tail -5 ;;
+  shapes)
+    tokenizer=$(dirname "$(find $staged -name tokenizer.json | head -1)")
+    python3 bench/gpu.py --work "$work" --json "$json" --tokenizer "$tokenizer" --phases card,shapes --graphs builder \
+      --targets 7b 1.5b ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 status=$?
