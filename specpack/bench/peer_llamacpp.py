@@ -4,8 +4,8 @@
     llama-speculative-simple  the target with the draft (--spec-draft-n-max k)  its "decoded N tokens in T s" line
     llama-speculative         the same, its other speculative driver           likewise
 
-Each tool runs once per prompt, greedy (--temp 0 --top-k 1), in its own process; its peak RSS comes from
-wait4 (ru_maxrss). Prompts go in as text (-f): plain completion as is, chat prompts rendered with the pack's
+Each tool runs once per prompt, greedy (--temp 0 --top-k 1), in its own process; its peak RSS is the peak
+VmHWM read from /proc while it runs (run_tool says why not wait4). Prompts go in as text (-f): plain completion as is, chat prompts rendered with the pack's
 chat template (the text carries the special tokens, which llama.cpp parses). The tools are found in
 --llamacpp-dir or $SPECPACK_LLAMACPP (a llama.cpp build/bin); the GGUF files are the manifest's sources.
 """
@@ -34,6 +34,7 @@ TOOLS = (AR, SPEC_SIMPLE, SPEC)
 CONTEXT = 2048
 # lines as llama.cpp prints them, with or without its log prefix ("0.03.973.279 I common_perf_print:" in the build of
 # bench/build_llamacpp.sh, "llama_perf_context_print:" in older ones); "prompt eval time" counts tokens, not runs
+POLL_S = 0.02  # how often a running tool's peak RSS is read
 _EVAL = re.compile(r"(?<!prompt )\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _COUNT = re.compile(r"^(?:.*\s)?(n_drafted|n_accept)\s*=\s*(\d+)", re.MULTILINE)
@@ -69,11 +70,21 @@ class ToolRun:
 
 
 def run_tool(command: Sequence[str]) -> tuple[str, str, float, float]:
-    """(stdout, stderr, peak RSS in MB, wall seconds) of one tool run; SpecpackError when it fails."""
+    """(stdout, stderr, peak RSS in MB, wall seconds) of one tool run; SpecpackError when it fails.
+
+    The peak RSS is the tool's own: VmHWM of /proc/PID/status, read every POLL_S while it runs (its memory
+    after exec). Not wait4's ru_maxrss: the child is forked (vfork) from this process, and the kernel keeps the
+    larger of that image and the tool's, so every tool would report this process's peak instead."""
     t0 = time.perf_counter()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         proc = subprocess.Popen(list(command), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        _, status, usage = os.wait4(proc.pid, 0)
+        peak_kb = 0
+        while True:
+            peak_kb = max(peak_kb, _vm_hwm_kb(proc.pid))
+            pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            time.sleep(POLL_S)
         proc.returncode = os.waitstatus_to_exitcode(status)
         wall = time.perf_counter() - t0
         out.seek(0)
@@ -82,7 +93,19 @@ def run_tool(command: Sequence[str]) -> tuple[str, str, float, float]:
     if proc.returncode != 0:
         raise SpecpackError(f"{Path(command[0]).name} failed", expected="exit status 0",
                             found=f"status {proc.returncode}: {stderr.strip().splitlines()[-1:] or ''}")
-    return stdout, stderr, usage.ru_maxrss / 1024, wall
+    return stdout, stderr, peak_kb / 1024, wall
+
+
+def _vm_hwm_kb(pid: int) -> int:
+    """The peak resident set (kB) of a running process, 0 once it is gone (or where /proc has no VmHWM)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
 
 
 def parse_ar(stdout: str, stderr: str, rss: float, wall: float) -> ToolRun:

@@ -23,7 +23,8 @@ SPEC_LINES = ("decoded   64 tokens in    {s} seconds, speed:   1 t/s\nn_draft   
 
 def _tool(directory: Path, name: str, stderr: str) -> None:
     script = directory / name
-    script.write_text(f"#!/bin/sh\necho \"$@\" >> {directory}/calls.txt\necho ' generated'\ncat >&2 <<'END'\n{stderr}\nEND\n")
+    script.write_text(f"#!/bin/sh\necho \"$@\" >> {directory}/calls.txt\necho ' generated'\ncat >&2 <<'END'\n{stderr}\nEND\n"
+                      "sleep 0.1\n")  # long enough for its peak RSS to be read
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
 
 
@@ -49,6 +50,22 @@ def test_parsers() -> None:
         parse_ar("", PROMPT_LINE, 0.0, 0.0)  # the prompt line alone is not the decode timing
     with pytest.raises(SpecpackError, match="no timing"):
         parse_spec("", "n_drafted = 3", 0.0, 0.0)
+
+
+def test_peak_rss_is_the_tools_own(tmp_path: Path) -> None:
+    """The tool's peak resident memory, not this (larger) process's: a child forked from a big process inherits
+    that image's high-water mark in wait4's ru_maxrss."""
+    import sys
+
+    from specpack.bench.peer_llamacpp import run_tool
+
+    ballast = bytearray(300 * 1024 * 1024)  # this process: at least 300 MB resident
+    ballast[:: 4096] = b"x" * len(ballast[:: 4096])
+    tool = tmp_path / "tool.py"
+    tool.write_text("import time\nb = bytearray(40 * 1024 * 1024)\nb[::4096] = b'y' * len(b[::4096])\ntime.sleep(0.5)\n")
+    _, _, peak_mb, _ = run_tool([sys.executable, str(tool)])
+    assert 40 <= peak_mb < 200, peak_mb
+    del ballast
 
 
 def test_tools_are_found_by_option_or_environment(tools: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
