@@ -5,8 +5,9 @@
     llama-speculative         the same, its other speculative driver           likewise
 
 Each tool runs once per prompt, greedy (--temp 0 --top-k 1), in its own process; its peak RSS is the peak
-VmHWM read from /proc while it runs (run_tool says why not wait4). Prompts go in as text (-f): plain completion as is, chat prompts rendered with the pack's
-chat template (the text carries the special tokens, which llama.cpp parses). The tools are found in
+VmHWM read from /proc while it runs (run_tool says why not wait4). Prompts go in as text (-f): plain
+completion as is, chat prompts rendered with the pack's chat template (the text carries the special tokens,
+which llama.cpp parses). The tools are found in
 --llamacpp-dir or $SPECPACK_LLAMACPP (a llama.cpp build/bin); the GGUF files are the manifest's sources.
 """
 
