@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import resource
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from specpack.bench.memory import peak_rss_kb
 
 if TYPE_CHECKING:
     from specpack.bench.runner import BenchRun
@@ -139,7 +140,7 @@ def peer_main(payload: dict[str, Any]) -> dict[str, Any]:
                             "assisted": _decode_record(*_generate(target, ids, max_new, eos, draft), ttft)})
     return {"dtype": dtype, "threads": threads, "transformers": transformers.__version__, "torch": torch.__version__,
             "assistant": _assistant_settings(draft), "timing": TIMING,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "prompts": records}
+            "peak_rss_mb": peak_rss_kb() / 1024, "prompts": records}  # this child's own, not its parent's
 
 
 def _hf_ids(tokenizer: Any, text: str, chat: bool) -> list[int]:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from specpack.bench.memory import peak_rss_kb
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def run_tool(command: Sequence[str]) -> tuple[str, str, float, float]:
         proc = subprocess.Popen(list(command), stdout=out, stderr=err, stdin=subprocess.DEVNULL)
         peak_kb = 0
         while True:
-            peak_kb = max(peak_kb, _vm_hwm_kb(proc.pid))
+            peak_kb = max(peak_kb, peak_rss_kb(proc.pid))
             pid, status, _ = os.wait4(proc.pid, os.WNOHANG)
             if pid:
                 break
@@ -96,17 +97,6 @@ def run_tool(command: Sequence[str]) -> tuple[str, str, float, float]:
                             found=f"status {proc.returncode}: {stderr.strip().splitlines()[-1:] or ''}")
     return stdout, stderr, peak_kb / 1024, wall
 
-
-def _vm_hwm_kb(pid: int) -> int:
-    """The peak resident set (kB) of a running process, 0 once it is gone (or where /proc has no VmHWM)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
 
 
 def parse_ar(stdout: str, stderr: str, rss: float, wall: float) -> ToolRun:
