@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shutil
 import time
@@ -42,11 +43,12 @@ def main() -> None:
     ap.add_argument("--target-methods", nargs="*", default=[])
     ap.add_argument("--work", type=Path, required=True, help="scratch dir for the quantized graphs (deleted after)")
     ap.add_argument("--json", type=Path, required=True)
+    ap.add_argument("--machine", help="the machine, in words, for the record (default: the processor and its cores)")
     args = ap.parse_args()
 
     args.work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
-    out.update({"machine": f"{platform.processor() or platform.machine()}, 2-core AMD EPYC CPU, shared",
+    out.update({"machine": args.machine or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
                 "plain": str(args.plain_dir), "calib_prompts": Path(args.calib_prompts).name,
                 "calib_samples": args.calib_samples, "limit": args.limit, "new_tokens": args.new_tokens})
     tokenizer = write_tokenizer(args.target_dir, args.work)

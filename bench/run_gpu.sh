@@ -18,9 +18,15 @@
 #             with and without CUDA graphs (bench/gpu.py --phases card,shapes --graphs builder); needs only the
 #             wheels and a Qwen2.5 tokenizer folder staged (e.g. a pack's tokenizer/), no GGUF; may take two calls
 #             (the 7B export): a second call finds the packs written and goes on
+#   plain     (the device's CPU side, 128 GB: the quantized target's fidelity, which a 23.5 GB machine could not
+#             calibrate) the GGUF pair converted and exported as plain fp32 graphs; needs the GGUFs, the prompts
+#             and the `quantize` extra's wheels staged, not ort-gpu
+#   calibrated METHOD  the target quantized by METHOD (fp8 | int8-sq) and its top-1 agreement and mean KL against
+#             the fp32 target, teacher-forced on 8 HumanEval + 8 MT-bench prompts (bench/calibrated_draft.py
+#             --target-methods METHOD); results in calibrated_target.json
 # Results go to $OUT (the device tool brings them back): gpu-<card>-builder.json, drafters_gpu.json, gpu_tests.txt.
 set -uo pipefail
-part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes}
+part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes|plain|calibrated METHOD}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 staged=/tmp/stage/files
 models=$(dirname "$(find $staged -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)")
@@ -48,6 +54,30 @@ case $part in
     tokenizer=$(dirname "$(find $staged -name tokenizer.json | head -1)")
     python3 bench/gpu.py --work "$work" --json "$json" --tokenizer "$tokenizer" --phases card,shapes --graphs builder \
       --targets 7b 1.5b ;;
+  plain)
+    python3 - "$models" "$work/plain" <<'PY'
+import sys
+from pathlib import Path
+from specpack.export.gguf import convert_gguf
+from specpack.export.torch_export import export_plain_graph
+models, plain = Path(sys.argv[1]), Path(sys.argv[2])
+plain.mkdir(parents=True, exist_ok=True)
+for role, size in (("draft", "0.5b"), ("target", "1.5b")):
+    model_dir = convert_gguf(models / f"qwen2.5-coder-{size}-instruct-q4_k_m.gguf")
+    (plain / f"{role}.dir").write_text(str(model_dir))
+    if not (plain / f"{role}.onnx").exists():
+        export_plain_graph(model_dir, plain / f"{role}.onnx")
+    print(role, model_dir, flush=True)
+PY
+    ;;
+  calibrated)
+    method=${2:?usage: run_gpu.sh calibrated fp8|int8-sq}
+    python3 bench/calibrated_draft.py --plain-dir "$work/plain" --draft-dir "$(cat "$work/plain/draft.dir")" \
+      --target-dir "$(cat "$work/plain/target.dir")" --calib-prompts "$prompts/gsm8k_test.jsonl" \
+      --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" --methods --target-methods "$method" \
+      --work "$work/calib" --json "$work/calibrated_target.json" \
+      --machine "the H200 machine's host CPU ($(nproc) cores, $(free -g | awk '/Mem:/{print $2}') GB), ONNX Runtime CPU EP"
+    cp "$work/calibrated_target.json" "$out/" ;;
   *) echo "unknown part $part" >&2; exit 2 ;;
 esac
 status=$?
