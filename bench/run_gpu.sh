@@ -30,7 +30,7 @@ part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes|plain|calibrated METHO
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 staged=/tmp/stage/files
 models=$(dirname "$(find $staged -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)")
-prompts=$(dirname "$(find $staged -name 'spec_bench_question.jsonl' | head -1)")
+prompts=$(dirname "$(find $staged -name 'HumanEval.jsonl.gz' | head -1)")
 work=/tmp/gpuwork
 out=${OUT:-/tmp/out}
 mkdir -p "$work" "$out"
