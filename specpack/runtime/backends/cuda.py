@@ -268,6 +268,7 @@ class DeviceTarget(_DeviceModel):
         # q the greedy form binds (it never reads it), and one-hot q of deterministic proposals when sampling
         self._q_scratch = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]
         self._one_hot = np.zeros(0, np.float32)  # host [1, k_max, V], allocated on first use
+        self._rows = np.arange(k_max)              # [k_max] row indices of the one-hot writes (no per-step arange)
         self._uniforms = [{k: DeviceArray((1, k + 1), np.float32, self.device) for k in range(k_max + 1)}
                           for _ in self.slots]  # k -> [1, k + 1]
         self._n = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
@@ -292,7 +293,7 @@ class DeviceTarget(_DeviceModel):
         k_max = self.backend.manifest.k_max
         if not self._one_hot.size:
             self._one_hot = np.zeros((1, k_max, self.vocab), np.float32)
-        rows = np.arange(proposal.k)
+        rows = self._rows[: proposal.k]  # a view
         self._one_hot[0, rows, proposal.tokens] = 1.0
         try:
             self._q_scratch[slot].write(self._one_hot)
