@@ -34,9 +34,9 @@ ENV = "SPECPACK_LLAMACPP"
 AR, SPEC_SIMPLE, SPEC = "llama-completion", "llama-speculative-simple", "llama-speculative"
 TOOLS = (AR, SPEC_SIMPLE, SPEC)
 CONTEXT = 2048
+POLL_S = 0.02  # how often a running tool's peak RSS is read
 # lines as llama.cpp prints them, with or without its log prefix ("0.03.973.279 I common_perf_print:" in the build of
 # bench/build_llamacpp.sh, "llama_perf_context_print:" in older ones); "prompt eval time" counts tokens, not runs
-POLL_S = 0.02  # how often a running tool's peak RSS is read
 _EVAL = re.compile(r"(?<!prompt )\beval time =\s*([\d.]+) ms /\s*(\d+) runs")
 _DECODED = re.compile(r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
 _COUNT = re.compile(r"^(?:.*\s)?(n_drafted|n_accept)\s*=\s*(\d+)", re.MULTILINE)
@@ -96,7 +96,6 @@ def run_tool(command: Sequence[str]) -> tuple[str, str, float, float]:
         raise SpecpackError(f"{Path(command[0]).name} failed", expected="exit status 0",
                             found=f"status {proc.returncode}: {stderr.strip().splitlines()[-1:] or ''}")
     return stdout, stderr, peak_kb / 1024, wall
-
 
 
 def parse_ar(stdout: str, stderr: str, rss: float, wall: float) -> ToolRun:
