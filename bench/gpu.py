@@ -51,6 +51,12 @@ CONTEXT = 128
 PACK_DIRS = {"real": "pack-real", "genai_pack": "pack-genai"}  # phase -> its pack's folder under --work
 
 
+def pack_dir_of(args: argparse.Namespace, phase: str) -> Path:
+    """The folder of `phase`'s pack under --work; --quantize int4 packs get their own (pack-genai-int4)."""
+    suffix = "" if args.quantize == "none" else f"-{args.quantize}"
+    return Path(args.work) / f"{PACK_DIRS[phase]}{suffix}"
+
+
 def log(*args: object) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *args, file=sys.stderr, flush=True)
 
@@ -270,8 +276,7 @@ def real_prompts(args: argparse.Namespace) -> list[Any]:
 
 def phase_real(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Our pack on the real pair: autoregressive (k = 0) and speculative (k = args.k) per prompt, energy each."""
-    work = Path(args.work)
-    pack_dir = work / PACK_DIRS["real"]
+    pack_dir = pack_dir_of(args, "real")
     real = result.setdefault("real", {})
     real["export_s"] = export(Path(args.draft_gguf), Path(args.target_gguf), pack_dir)
     log(f"real pack exported in {real['export_s']:.0f} s")
@@ -346,14 +351,15 @@ def phase_genai_pack(args: argparse.Namespace, result: dict[str, Any]) -> None:
     `spec-export --graphs builder --dtype fp16 --ep cuda` (export/builder_export.py) and opened by specpack.load."""
     import specpack
 
-    work = Path(args.work)
     entry = result.setdefault("genai_pack", {})
-    pack_dir = work / PACK_DIRS["genai_pack"]
+    pack_dir = pack_dir_of(args, "genai_pack")
+    weights = (["--dequantize"] if args.quantize == "none"  # GGUF -> fp16, or GGUF -> dequantized -> the builder's int4
+               else ["--quantize-draft", args.quantize, "--quantize-target", args.quantize])
     if not (pack_dir / "manifest.json").exists():
         t0 = time.perf_counter()
         subprocess.run([sys.executable, "-m", "specpack", "export", "--draft", args.draft_gguf, "--target",
                         args.target_gguf, "-o", str(pack_dir), "--graphs", "builder", "--dtype", "fp16", "--ep", "cuda",
-                        "--dequantize", "--k", str(K_MAX), "--max-len", str(args.max_len), "--overwrite"],
+                        *weights, "--k", str(K_MAX), "--max-len", str(args.max_len), "--overwrite"],
                        check=True, stdout=subprocess.DEVNULL)
         entry["export_s"] = time.perf_counter() - t0
     log("genai pack written")
@@ -405,7 +411,7 @@ def phase_divergences(args: argparse.Namespace, result: dict[str, Any]) -> None:
     from specpack.runtime.tokenizer import PackTokenizer
 
     name, ours = our_run(result)
-    tokenizer = PackTokenizer.load(Path(args.work) / PACK_DIRS[name] / "tokenizer")
+    tokenizer = PackTokenizer.load(pack_dir_of(args, name) / "tokenizer")
     prompts = {p.id: tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text) for p in real_prompts(args)}
     model = AutoModelForCausalLM.from_pretrained(ours["source_dirs"]["target"], dtype=torch.float32).to("cuda").eval()
     found = []
@@ -439,7 +445,7 @@ def phase_hf(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     name, real = our_run(result)
     dirs = real["source_dirs"]
-    tokenizer = PackTokenizer.load(Path(args.work) / PACK_DIRS[name] / "tokenizer")
+    tokenizer = PackTokenizer.load(pack_dir_of(args, name) / "tokenizer")
     prompts = [(p, tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)) for p in real_prompts(args)]
     target = AutoModelForCausalLM.from_pretrained(dirs["target"], dtype=torch.bfloat16).to("cuda").eval()
     draft = AutoModelForCausalLM.from_pretrained(dirs["draft"], dtype=torch.bfloat16).to("cuda").eval()
@@ -482,14 +488,15 @@ def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
     name, real = our_run(result)
     work = Path(args.work)
     built = {}
+    precision, suffix = ("fp16", "") if args.quantize == "none" else (args.quantize, f"-{args.quantize}")
     for role, src in real["source_dirs"].items():
-        out = work / f"genai-real-{role}"
+        out = work / f"genai-real-{role}{suffix}"  # the builder's defaults for int4 (its own model, as a user runs it)
         if not (out / "genai_config.json").exists():
             subprocess.run([sys.executable, "-m", "onnxruntime_genai.models.builder", "-m", src, "-o", str(out),
-                            "-p", "fp16", "-e", "cuda", "-c", str(work / "genai-cache")], check=True,
+                            "-p", precision, "-e", "cuda", "-c", str(work / "genai-cache")], check=True,
                            stdout=subprocess.DEVNULL)
         built[role] = out
-    tokenizer = PackTokenizer.load(work / PACK_DIRS[name] / "tokenizer")
+    tokenizer = PackTokenizer.load(pack_dir_of(args, name) / "tokenizer")
     prompts = [(p, tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)) for p in real_prompts(args)]
     peers = real.setdefault("peers", {})
 
@@ -533,7 +540,7 @@ def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if not args.spec_only:
         run("onnxruntime-genai-ar-no-graphs", lambda: with_graphs(built["target"], False), {})
         run("onnxruntime-genai-ar", lambda: with_graphs(built["target"], True), {})
-    spec = work / "genai-real-spec"  # the target's folder with the draft beside it (model.draft in genai_config)
+    spec = work / f"genai-real-spec{suffix}"  # the target's folder with the draft beside it (model.draft in genai_config)
     if not (spec / "draft.onnx").exists() or args.rebuild_spec:
         import shutil
 
@@ -631,6 +638,9 @@ def main() -> None:
     parser.add_argument("--configs", default="model:auto,ngram:4,ngram:auto",
                         help="real / genai_pack phases: speculative runs beside ar and the model drafter at --k")
     parser.add_argument("--max-len", type=int, default=1024, help="genai_pack phase: the exported pack's max_len")
+    parser.add_argument("--quantize", choices=("none", "int4"), default="none",
+                        help="genai_pack / genai phases: weights of our pack (spec-export --quantize-draft/--quantize-target"
+                             " int4 through the builder) and of onnxruntime-genai's models (builder -p int4)")
     parser.add_argument("--spec-only", action="store_true", help="genai phase: its speculative mode alone")
     parser.add_argument("--rebuild-spec", action="store_true", help="rewrite the genai speculative folder's config")
     args = parser.parse_args()

@@ -4,7 +4,7 @@
 #   ../shared/device/stage ort-gpu                     # here: downloads the wheels into ~/.cache/device-stage
 #   ../shared/device/stage WHEELS... D.gguf T.gguf PROMPTS...  # here: everything in one set of parts
 #   bash .device/unpack.sh N                           # there, once per part, back to back
-#   bash bench/run_gpu.sh PART                         # there: PART = builder | drafters | peers | shapes
+#   bash bench/run_gpu.sh PART                         # there: PART = one of those below
 #
 #   builder   the pair exported with the model builder's graphs (spec-export --graphs builder --dtype fp16 --ep cuda),
 #             4 HumanEval + 4 MT-bench prompts: autoregressive, the model drafter at k 4 and adaptive, the n-gram
@@ -23,10 +23,17 @@
 #             and the `quantize` extra's wheels staged, not ort-gpu
 #   calibrated METHOD  the target quantized by METHOD (fp8 | int8-sq) and its top-1 agreement and mean KL against
 #             the fp32 target, teacher-forced on 8 HumanEval + 8 MT-bench prompts (bench/calibrated_draft.py
-#             --target-methods METHOD); results in calibrated_target.json
+#             --target-methods METHOD); results in calibrated_target.json. The device's onnxruntime (1.30) refuses
+#             modelopt's FP8 Q/DQ graphs: stage the CPU onnxruntime 1.32 wheel renamed to *.whl.cpu (so unpack.sh
+#             leaves it alone), it is installed into /tmp/site-cpu for this part only. Long: start it with setsid
+#             in the background and collect calibrated_target.json from /tmp/gpuwork later (part `collect`)
+#   int4      the builder part with int4 weights: our pack exported with --quantize-draft/--quantize-target int4
+#             (the model builder's quantizer, export/builder_export.py) beside onnxruntime-genai's own int4 model
+#             of the same target, autoregressive with CUDA graphs, same prompts and run (gpu-h200-int4.json)
+#   collect   copy every result under /tmp/gpuwork (JSON, logs) to $OUT
 # Results go to $OUT (the device tool brings them back): gpu-<card>-builder.json, drafters_gpu.json, gpu_tests.txt.
 set -uo pipefail
-part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes|plain|calibrated METHOD}
+part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes|plain|calibrated METHOD|int4|collect}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 staged=/tmp/stage/files
 models=$(dirname "$(find $staged -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)")
@@ -36,6 +43,7 @@ out=${OUT:-/tmp/out}
 mkdir -p "$work" "$out"
 json=$work/gpu-h200-builder.json  # kept on the machine between calls; copied to $OUT after each
 [[ $part == shapes ]] && json=$work/gpu-h200-shapes-builder.json
+[[ $part == int4 ]] && json=$work/gpu-h200-int4.json
 gpu=(python3 bench/gpu.py --work "$work" --json "$json" --draft-gguf "$models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
      --target-gguf "$models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
      --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" --k 4)
@@ -70,8 +78,19 @@ for role, size in (("draft", "0.5b"), ("target", "1.5b")):
     print(role, model_dir, flush=True)
 PY
     ;;
+  int4)
+    "${gpu[@]}" --quantize int4 --phases card,genai_pack,genai,summary --configs ngram:4 ;;
+  collect)
+    cp "$work"/*.json "$work"/*.log "$out/" 2>/dev/null; ls -la "$work"; exit 0 ;;
   calibrated)
     method=${2:?usage: run_gpu.sh calibrated fp8|int8-sq}
+    cpu_wheel=$(find $staged -name 'onnxruntime-*.whl.cpu' | head -1)
+    if [[ -n $cpu_wheel ]]; then
+      wheel=/tmp/$(basename "${cpu_wheel%.cpu}")
+      cp "$cpu_wheel" "$wheel" && python3 -m pip install -q --no-index --no-deps --target /tmp/site-cpu "$wheel"
+      export PYTHONPATH=/tmp/site-cpu:$PYTHONPATH
+    fi
+    python3 -c 'import onnxruntime as o; print("onnxruntime", o.__version__, o.__file__)'
     python3 bench/calibrated_draft.py --plain-dir "$work/plain" --draft-dir "$(cat "$work/plain/draft.dir")" \
       --target-dir "$(cat "$work/plain/target.dir")" --calib-prompts "$prompts/gsm8k_test.jsonl" \
       --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" --methods --target-methods "$method" \

@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specpack.errors import SpecpackError
-from specpack.export.builder_export import EXECUTION_PROVIDERS, GRAPHS, check_builder_config
+from specpack.export.builder_export import (
+    EXECUTION_PROVIDERS,
+    GRAPHS,
+    check_builder_config,
+    check_builder_quantization,
+)
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES, GraphForm, resolve_form
 from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, DTYPES, K_MAX, K_MIN, check_export_k
 from specpack.quantize import modes
@@ -99,11 +104,9 @@ class ExportConfig:
                 raise SpecpackError(f"--graphs builder cannot build {found}: its graphs are the static KV cache with "
                                     "GroupQueryAttention", expected=expected, found=found,
                                     hint="use --graphs torch for other forms")
-        for option, value in (("--quantize-draft", self.quantize_draft), ("--quantize-target", self.quantize_target)):
-            if value not in (None, modes.NONE):
-                raise SpecpackError(f"--graphs builder does not quantize ({option} {value})",
-                                    expected=f"{option} none (weights as the source has them)",
-                                    found=f"{option} {value}", hint="use --graphs torch to quantize")
+        for role, value in (("draft", self.quantize_draft), ("target", self.quantize_target)):
+            if value is not None:
+                check_builder_quantization(role, value)
         check_builder_config(self.dtype, self.execution_provider)
 
     def graph_form(self, head_dim: int) -> GraphForm:
@@ -135,12 +138,10 @@ class ExportConfig:
 
     def _check_form(self, role: str, method: str) -> str:
         """Weight-only quantized graphs are exported in the concat form only so far (the fidelity stage replays
-        that form); calibrated Q/DQ graphs in both (the static form's fidelity is not measured). The builder's
-        graphs keep the source's weights: a .gguf source needs --dequantize."""
-        if self.graphs == "builder" and method != modes.NONE:
-            raise SpecpackError(f"--graphs builder cannot keep the {role}'s {method} weights",
-                                expected="unquantized weights", found=f"{role}: {method}",
-                                hint="pass --dequantize for a .gguf source")
+        that form); calibrated Q/DQ graphs in both (the static form's fidelity is not measured). The builder
+        quantizes its static-form graphs itself (int4 / int8); a .gguf source's blocks it cannot keep."""
+        if self.graphs == "builder":
+            return check_builder_quantization(role, method)
         if method not in (modes.NONE, *modes.CALIBRATED) and self.kv_cache != "concat":
             raise SpecpackError(f"a quantized {role} ({method}) needs the concat KV cache form",
                                 expected="--kv-cache concat, or unquantized graphs",

@@ -3,6 +3,7 @@
     resolve sources -> read model info -> vocabulary check
       -> plain graphs (export/, torch, one process each)          work/{draft,target}.onnx
          or onnxruntime-genai's model builder (--graphs builder)  work/{draft,target}-builder/model.onnx
+         (which quantizes as it builds: --quantize-* int4 / int8)
       -> quantize (quantize/, per model's mode: weight-only,      work/{draft,target}.{int4,int8,gguf}.onnx
          or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
@@ -79,18 +80,22 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
         roles = {"target": (target_src, target_dir)} if draft_src is None else {
             "draft": (draft_src, draft_dir), "target": (target_src, target_dir)}  # an n-gram pack: no draft
         plain = {role: work / f"{role}.onnx" for role in roles}
+        quantization: dict[str, dict[str, Any]] = {}
         for role, (_, model_dir) in roles.items():
-            if config.graphs == "builder":
-                _log(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder ...")
-                plain[role] = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
-                                         config.dtype, config.execution_provider)
+            if config.graphs == "builder":  # the builder quantizes as it builds (--quantize-* int4 / int8)
+                _log(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder"
+                     + ("" if methods[role] == modes.NONE else f", {methods[role]} weights") + " ...")
+                plain[role], record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
+                                                 config.dtype, config.execution_provider, methods[role])
+                if record is not None:
+                    quantization[role] = record
                 continue
             _log(f"exporting the {role} ({model_dir.name}) ...")
             _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role])
-        graphs, quantization = dict(plain), {}
+        graphs = dict(plain)
         for role, (src, model_dir) in roles.items():
             method = methods[role]
-            if method != modes.NONE:
+            if method != modes.NONE and role not in quantization:
                 _log(f"quantizing the {role} ({method}) ...")
                 graphs[role] = work / f"{role}.{method}.onnx"
                 gguf = Path(src).expanduser() if method == modes.GGUF else None
@@ -142,11 +147,13 @@ def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm) -> 
     export_plain_graph(model_dir, plain, dtype, form)
 
 
-def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str) -> Path:
-    """Stage 1 with --graphs builder: onnxruntime-genai's model builder, renamed to our contract."""
+def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str,
+                 method: str) -> tuple[Path, dict[str, Any] | None]:
+    """Stages 1 and 2 with --graphs builder: onnxruntime-genai's model builder (quantizing as it builds for
+    int4 / int8), renamed to our contract; the graph and its quantization record."""
     from specpack.export.builder_export import build_plain_graph
 
-    return build_plain_graph(model_dir, work, dtype, execution_provider)
+    return build_plain_graph(model_dir, work, dtype, execution_provider, method)
 
 
 def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:

@@ -55,3 +55,11 @@ class DataFileWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def stored_bytes(t: TensorProto) -> int:
+    """An initializer's stored bytes, external (its `length`) or inline (raw_data), without reading external data."""
+    for entry in t.external_data:
+        if entry.key == "length":
+            return int(entry.value)
+    return len(t.raw_data)

@@ -28,7 +28,7 @@ from specpack import names
 from specpack.errors import SpecpackError
 from specpack.graphs.prune_logits import LmHead, find_lm_head
 from specpack.quantize import modes
-from specpack.quantize.external_data import DataFileWriter
+from specpack.quantize.external_data import DataFileWriter, stored_bytes
 from specpack.quantize.nbits import BlockQuant, quantize_kquant, quantize_rtn
 from specpack.quantize.rewrite import MS_DOMAIN, GraphEdit, float_type_of
 from specpack.quantize.sites import Site, WeightReader, find_sites
@@ -98,8 +98,8 @@ def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | 
     except BaseException:
         writer.close()
         raise
-    before = sum(_nbytes(t) for t in inits.values())
-    after = sum(_nbytes(t) for t in model.graph.initializer)
+    before = sum(stored_bytes(t) for t in inits.values())
+    after = sum(stored_bytes(t) for t in model.graph.initializer)
     record = {**spec.to_dict(), "method": method, "tensors": records, "summary": summarize(records),
               "bytes_before": before, "bytes_after": after, "seconds": round(time.perf_counter() - start, 1)}
     if method == modes.GGUF:
@@ -127,13 +127,6 @@ def _embeddings_first(sites: list[Site]) -> list[Site]:
 
 def _describe(site: Site) -> dict[str, Any]:
     return {"tensor": site.tensor, "kind": site.kind, "k": site.k, "n": site.n}
-
-
-def _nbytes(t: onnx.TensorProto) -> int:
-    for e in t.external_data:
-        if e.key == "length":
-            return int(e.value)
-    return len(t.raw_data)
 
 
 class _RtnSource:
