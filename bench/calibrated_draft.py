@@ -9,7 +9,8 @@ quantized (quantize/calibrated.py, calibration set from --calib-prompts, seeded)
 replays greedy speculation from teacher-forced passes: alpha and tau of the quantized and of the fp32 draft
 for the fp32 target's greedy continuations of each prompt file's first --limit prompts. Optionally
 (--target-methods) the target is quantized too and its top-1 agreement and mean KL against the fp32 target
-are measured on the same prompts.
+are measured on the same prompts, teacher-forced on the fp32 target's greedy continuations (the Q/DQ graph runs
+once a prompt: generating with it on the CPU took longer than a device call allows).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def main() -> None:
                         target_reference=plain if role == "target" else None,
                         draft_reference=plain if role == "draft" else None,
                         tokenizer_dir=args.work / SUBDIR, eos_ids=tuple(tokenizer.eos_token_ids), ks=(1, 2, 4, 8),
-                        new_tokens=args.new_tokens)
+                        new_tokens=args.new_tokens, continuations="reference" if role == "target" else "target")
                     result = measure_fidelity(inputs, prompt_texts(prompt_file, args.limit))
                     entry[Path(prompt_file).name.split(".")[0]] = result
                     print(role, method, Path(prompt_file).name, json.dumps(result.get(role), default=str)[:600],

@@ -177,6 +177,10 @@ class FidelityInputs:
     ks: tuple[int, ...]
     threads: int | None = None
     new_tokens: int = CONTINUATION
+    # whose greedy continuations are teacher-forced: "target" (the pack's target, which the drafts draft for) or
+    # "reference" (the unquantized target's; for a quantized target alone: a slow Q/DQ graph on the CPU then runs
+    # once a prompt instead of once a token)
+    continuations: str = "target"
 
 
 def measure_fidelity(inputs: FidelityInputs, prompts: tuple[list[Prompt], str] | None = None) -> dict[str, Any]:
@@ -192,22 +196,29 @@ def measure_fidelity(inputs: FidelityInputs, prompts: tuple[list[Prompt], str] |
     tokenizer = PackTokenizer.load(inputs.tokenizer_dir)
     encoded = [tokenizer.encode_chat(text) if chat else tokenizer.encode(text) for text, chat in texts]
     eos = frozenset(inputs.eos_ids)
-    target = PlainSession(inputs.target, inputs.threads)
-    sequences = [ids + target.greedy(ids, inputs.new_tokens, eos) for ids in encoded]
+    by_reference, generator = inputs.continuations == "reference", inputs.target
+    if by_reference:
+        if inputs.target_reference is None or inputs.draft_reference is not None:
+            raise ValueError("continuations='reference' measures a quantized target alone (no draft_reference)")
+        generator = inputs.target_reference
+    first = PlainSession(generator, inputs.threads)
+    sequences = [ids + first.greedy(ids, inputs.new_tokens, eos) for ids in encoded]
     result: dict[str, Any] = {"prompts": len(texts), "prompt_source": prompt_source, "new_tokens": inputs.new_tokens,
                               "tokens": sum(len(s) for s in sequences)}
     if inputs.target_reference is not None:
-        quant_logits = [target.logits(s) for s in sequences]  # [S, V] each
-        del target
-        reference = PlainSession(inputs.target_reference, inputs.threads)
+        first_logits = [first.logits(s) for s in sequences]  # [S, V] each
+        del first
+        second = PlainSession(inputs.target if by_reference else inputs.target_reference, inputs.threads)
         agreement = LogitAgreement()
-        for seq, cand in zip(sequences, quant_logits, strict=True):
-            agreement.add(reference.logits(seq), cand)
-        del reference, quant_logits
-        result["target"] = {**agreement.to_dict(), "against": "the unquantized target, teacher-forced on the "
-                            "quantized target's greedy continuations of the fidelity prompts"}
+        for seq, logits in zip(sequences, first_logits, strict=True):
+            ref, cand = (logits, second.logits(seq)) if by_reference else (second.logits(seq), logits)
+            agreement.add(ref, cand)
+        del second, first_logits
+        whose = "the unquantized" if by_reference else "the quantized"
+        result["target"] = {**agreement.to_dict(), "against": "the unquantized target, teacher-forced on "
+                            f"{whose} target's greedy continuations of the fidelity prompts"}
     else:
-        del target
+        del first
     if inputs.draft_reference is not None:
         rows: dict[str, dict[str, Any]] = {}
         for label, path in (("reference", inputs.draft_reference), ("quantized", inputs.draft)):

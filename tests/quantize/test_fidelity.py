@@ -69,3 +69,35 @@ def test_replay_matches_the_decode_loop(tiny_pairs: Callable[..., tuple[Path, Pa
         assert 0.0 < measured.alpha < 1.0  # type: ignore[operator]  # a draft that is sometimes wrong
         assert replay.to_dict() == measured.to_dict()
     pack.close()
+
+
+def test_target_agreement_on_either_models_continuations(tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                          tiny_plain_graph: Callable[..., Path], tmp_path: Path) -> None:
+    """A quantized target's agreement and KL, teacher-forced on its own greedy continuations or on the unquantized
+    target's ("reference": what bench/calibrated_draft.py uses); a graph against itself agrees exactly either way."""
+    from specpack.export.tokenizer_export import SUBDIR, write_tokenizer
+    from specpack.quantize.fidelity import FidelityInputs, measure_fidelity
+    from specpack.quantize.stage import quantize_plain_graph
+
+    _, target_dir = tiny_pairs("qwen2")
+    plain = Path(tiny_plain_graph("qwen2"))
+    quantized = tmp_path / "target.int4.onnx"
+    quantize_plain_graph(plain, quantized, "int4")
+    tokenizer = write_tokenizer(target_dir, tmp_path)
+    prompts = ([("def add(a, b):", False), ("The sky is", False)], "test")
+
+    def measure(target: Path, continuations: str, draft_reference: Path | None = None) -> dict[str, float]:
+        inputs = FidelityInputs(target=target, draft=plain, target_reference=plain, draft_reference=draft_reference,
+                                tokenizer_dir=tmp_path / SUBDIR, eos_ids=tuple(tokenizer.eos_token_ids), ks=(1,),
+                                new_tokens=12, continuations=continuations)
+        return measure_fidelity(inputs, prompts)["target"]  # type: ignore[no-any-return]
+
+    for continuations in ("target", "reference"):
+        same = measure(plain, continuations)
+        assert same["top1_agreement"] == 1.0 and same["mean_kl"] == pytest.approx(0.0, abs=1e-9), same
+        moved = measure(quantized, continuations)
+        assert moved["positions"] == same["positions"] or continuations == "target"
+        assert 0.0 < moved["top1_agreement"] <= 1.0 and moved["mean_kl"] > 0.0, moved
+        assert ("unquantized target's greedy" in moved["against"]) == (continuations == "reference")
+    with pytest.raises(ValueError, match="quantized target alone"):
+        measure(quantized, "reference", draft_reference=plain)

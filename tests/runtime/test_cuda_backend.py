@@ -42,16 +42,20 @@ def test_greedy_and_sampled_tokens_equal_the_cpu_backend(static_pack: Path) -> N
 
 
 def test_chunked_runs_give_the_same_tokens(static_pack: Path) -> None:
-    """Prefills and the draft's catch-ups after k = 0 steps as chunks of k_max + 1 tokens (as captured on a GPU):
-    the same tokens as one run, greedy, fixed and adaptive k; only runs of at most k_max + 1 tokens are bound."""
+    """Prefills and the draft's catch-ups after k = 0 steps as chunks of LONG_CHUNK and k_max + 1 tokens (as
+    captured on a GPU): the same tokens as one run, greedy, fixed and adaptive k; only those two run shapes (and
+    the shorter rest) are bound, whatever the length."""
+    from specpack.runtime.backends.cuda import LONG_CHUNK
+
     cpu, dev = specpack.load(static_pack), device_pack(static_pack, chunked_runs=True)
     rng = np.random.default_rng(3)
-    for length in (30, 9 * 16 + 5):  # chunked; longer than CHUNKED_RUNS_MAX chunks: one run
+    for length in (30, LONG_CHUNK, LONG_CHUNK + 1, 9 * 16 + 5):  # short chunks only; one long; long + rest; both
         prompt = rng.integers(0, cpu.tokenizer.vocab_size - 8, length).tolist()
         for k in (0, 3, 8, None):
             assert dev.generate(prompt, 40, k=k).tokens == cpu.generate(prompt, 40, k=k).tokens, (length, k)
     for model in (dev.backend.target(), dev.backend.draft()):  # type: ignore[attr-defined]
-        assert all(key[1] <= dev.manifest.k_max + 1 for key in model.slots[0].bindings)
+        shapes = {key[1] for key in model.slots[0].bindings}
+        assert LONG_CHUNK in shapes and shapes - {LONG_CHUNK} <= set(range(1, dev.manifest.k_max + 2)), shapes
 
 
 def test_bindings_are_made_once_per_run_shape(static_pack: Path) -> None:

@@ -15,9 +15,9 @@ Two forms of each graph, one session each:
     greedy     the head's If inlined as its greedy branch (graphs/greedy_form.py): no control flow, so with
                `enable_cuda_graph` ONNX Runtime captures one CUDA graph per run shape (gpu_graph_id per
                (slot, S, k)) and replays it: fixed shapes, fixed addresses. A run over more than k_max + 1
-               tokens (a prefill, or the draft catching up after k = 0 steps) runs as captured chunks of
-               k_max + 1 tokens while that takes at most CHUNKED_RUNS_MAX chunks, longer ones uncaptured
-               (gpu_graph_id -1): no graph per prompt length. Opened at load.
+               tokens (a prefill, or the draft catching up after k = 0 steps) runs as captured chunks: of
+               LONG_CHUNK tokens while more than that are left, then of k_max + 1 and the rest, so two chunk
+               shapes serve every length: no graph per prompt length. Opened at load.
     sampling   the graph as exported (the If chooses greedy or sampling; not capturable), opened on the first
                sampling request: a pack used for both modes holds the weights twice on the device.
 A request's mode (SamplingParams.greedy) picks the session at reset. Needs a pack exported with
@@ -46,10 +46,11 @@ from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 PROVIDER = "CUDAExecutionProvider"
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
-# A run over more than k_max + 1 tokens goes as captured chunks of k_max + 1 tokens up to this many chunks, beyond
-# it uncaptured. Measured on an H200 (bench/README.md, "Drafters on the GPU"): an uncaptured run over 82 tokens took
-# about 50 ms, a captured chunk 1.3 ms (the 0.5B draft) to 2.2 ms (the 1.5B target).
-CHUNKED_RUNS_MAX = 16
+# A greedy run over more than k_max + 1 tokens goes as captured chunks of LONG_CHUNK tokens, then of k_max + 1.
+# Measured on an H200 (bench/README.md, "Drafters on the GPU"): an uncaptured run over 82 tokens took about 50 ms,
+# a captured chunk of k_max + 1 = 9 tokens 1.3 ms (the 0.5B draft) to 2.2 ms (the 1.5B target): a catch-up after
+# 64 k = 0 steps in 9-token chunks cost the draft about 6 target steps, which kept adaptive k below plain decoding.
+LONG_CHUNK = 32
 
 
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> CudaBackend:
@@ -198,15 +199,17 @@ class _DeviceModel:
         greedy run (bound once per run shape), rebound every run when sampling."""
         slot = self.slots[state.slot]
         cache, session = slot.cache, self.session(slot.greedy)
-        if self.backend.chunked_runs and slot.greedy and \
-                self.short_max < end - cache.length <= CHUNKED_RUNS_MAX * self.short_max:
+        chunked = self.backend.chunked_runs and slot.greedy
+        if chunked:
             # captured chunks; each one's head outputs are overwritten by the next, the cache keeps every token
-            while end - cache.length > self.short_max:
-                self._run(state, cache.length + self.short_max, key, inputs, outputs)
+            while end - cache.length > self.short_max and end - cache.length != LONG_CHUNK:
+                left = end - cache.length
+                self._run(state, cache.length + (LONG_CHUNK if left > LONG_CHUNK else self.short_max), key, inputs,
+                          outputs)
         start = cache.length
         n = end - start
         kv_inputs = cache.bind_inputs(n)  # uploads the mask when the length changed
-        if n <= self.short_max:
+        if n <= self.short_max or (chunked and n == LONG_CHUNK):
             ids, positions = self._staging(slot, n)
             ids.write(state.ids[None, start:end])                          # [1, S]
             positions.write(self.backend.positions[:, start:end])          # [1, S]
@@ -221,7 +224,7 @@ class _DeviceModel:
             elif not slot.greedy:
                 bind(binding, self.device, inputs, outputs, session.input_names)
             session.run(binding, (state.slot, n, *key) if slot.greedy else None)
-        else:  # a long prefill: a prefix of the [1, max_len] buffers, uncaptured
+        else:  # sampling, or chunked runs off: a prefix of the [1, max_len] buffers, uncaptured
             self._long_host[0, 0, :n] = state.ids[start:end]
             self._long_host[1, 0, :n] = self.backend.positions[0, start:end]
             for buffer, host in zip(self._long, self._long_host, strict=True):
@@ -310,7 +313,7 @@ class CudaBackend:
     def __init__(self, path: Path, manifest: Manifest, options: BackendOptions, *, device: str = "cuda",
                  cuda_graphs: bool = True, chunked_runs: bool | None = None) -> None:
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
-        chunked_runs: greedy runs over more than k_max + 1 tokens as chunks of k_max + 1 (None: where graphs
+        chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
         are captured)."""
         for entry, label in ((manifest.target, "target"), (manifest.draft, "draft")):
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
