@@ -118,7 +118,10 @@ def _quantization_details(role: str, q: dict[str, Any]) -> list[str]:
                  f"calibrated on {cal['samples']} samples ({cal['method']}; dataset sha256 {cal['dataset_sha256'][:12]}, "
                  + ", ".join(f"{lib} {v}" for lib, v in cal["versions"].items()) + ")"]
     else:
-        lines = [f"{role}: {q['method']} weight-only (MatMulNBits, accuracy level {q.get('accuracy_level')}), "
+        level = q.get("accuracy_level")
+        kernels = f"accuracy level {level}" if level is not None else "the execution provider's kernels"
+        by = f", by {q['quantizer']}" if q.get("quantizer") else ""
+        lines = [f"{role}: {q['method']} weight-only (MatMulNBits, {kernels}{by}), "
                  f"{_size(q['bytes_before'])} -> {_size(q['bytes_after'])} of weights; "
                  + ", ".join(f"{n} {path}" for path, n in q["summary"].items())]
     kept = [t for t in q["tensors"] if "why" in t]
