@@ -13,8 +13,9 @@ measured by drafters.py's fixed-k runs), times lognormal noise of sigma --noise 
 policy sees; seeded); the speedup is decoded tokens / the noiseless cost. The prompts run in the bench's
 order on one policy state per drafter, as a pack keeps its measured costs across requests.
 A model-drafter step right after k = 0 steps also pays --catch-up target steps per token committed without the
-draft (the draft feeds them before its first draft; about 0.07 on an H200 with chunked captured runs, where
-c = 0.63: bench/README.md, "Drafters on the GPU"), in its draft phase, as the loop times it.
+draft (the draft feeds them before its first draft; about 0.07 on an H200 with 9-token captured chunks, where
+c = 0.63, and about 0.02 with the 32-token chunks that followed, estimated from the draft's prefill:
+bench/README.md, "Drafters on the GPU", "Long captured chunks"), in its draft phase, as the loop times it.
 The draft's predictions are stored in the JSON, so `--replay-only` reruns the policies without the model;
 `--set NAME=VALUE` replays an AdaptiveConfig other than the default, `--out` writes elsewhere than --json.
 """
