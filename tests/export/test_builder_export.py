@@ -136,6 +136,22 @@ def test_cuda_backend_code_runs_builder_packs(builder_pack) -> None:
 
 
 @needs_builder
+def test_cpu_backend_refuses_graphs_built_for_cuda(builder_pack, tmp_path: Path) -> None:
+    """A builder pack whose manifest says its graphs were built for CUDA is refused on --device cpu by name."""
+    import shutil
+
+    pack_dir = tmp_path / "pack"
+    shutil.copytree(builder_pack(*CASES[0])[0], pack_dir)
+    manifest = json.loads((pack_dir / "manifest.json").read_text())
+    for role in ("draft", "target"):
+        manifest[role]["graph"]["execution_provider"] = "cuda"
+    (pack_dir / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(SpecpackError, match="built for the CUDA execution provider") as err:
+        specpack.load(pack_dir)
+    assert "--device cuda" in str(err.value), err.value
+
+
+@needs_builder
 def test_inspect_names_the_builder(builder_pack) -> None:
     result = CliRunner().invoke(cli, ["inspect", str(builder_pack(*CASES[0])[0])])
     assert result.exit_code == 0, result.output

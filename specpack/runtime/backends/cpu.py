@@ -200,10 +200,16 @@ def host_cache(entry: ModelEntry, max_len: int, k_max: int) -> KVCache:
 
 
 def _check_cpu_dtypes(m: Manifest) -> None:
-    """bf16 graphs never run on the CPU EP (it has no bf16 kernels for them: ONNX Runtime would fail to load the
-    graph with a NOT_IMPLEMENTED node); fp16 graphs only where it has fast fp16 kernels (runtime/cpu_fp16.py)."""
+    """Graphs the model builder built for CUDA are not the CPU's; bf16 graphs never run on the CPU EP (it has no
+    bf16 kernels for them: ONNX Runtime would fail to load the graph with a NOT_IMPLEMENTED node); fp16 graphs only
+    where it has fast fp16 kernels (runtime/cpu_fp16.py)."""
     from specpack.runtime.cpu_fp16 import cpu_fp16_refusal
 
+    if cuda := [role for role, entry in m.models() if entry.graph.execution_provider == "cuda"]:
+        raise SpecpackError("this pack's graphs were built for the CUDA execution provider",
+                            expected="graphs for the CPU (spec-export --graphs torch, or --graphs builder --ep cpu)",
+                            found=f"{' and '.join(cuda)}: exporter builder, execution_provider cuda",
+                            hint="run it with --device cuda, or re-export with --graphs builder --ep cpu --dtype fp32")
     if bf16 := [role for role, entry in m.models() if entry.dtype == "bf16"]:
         raise SpecpackError("this bf16 pack cannot run on the CPU", expected="an fp32 pack for --device cpu",
                             found=f"bf16 {' and '.join(bf16)} graphs: ONNX Runtime's CPU execution provider has no "
