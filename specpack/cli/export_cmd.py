@@ -25,7 +25,8 @@ from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES
 DEFAULTS = ExportConfig()
 QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runtime MatMulNBits, lm_head and embedding "
                  "included), none, gguf (a .gguf source's own blocks), or calibrated Q/DQ of weights and activations "
-                 "int8-sq (SmoothQuant) / fp8 (need --calib-prompts). Default: gguf for a .gguf source, else none.")
+                 "int8-sq (SmoothQuant) / fp8 (need --calib-prompts). Default: gguf for a .gguf source, else none. "
+                 "With --graphs builder: none, int8 or int4 (the builder quantizes as it builds).")
 
 
 @click.command("export")
