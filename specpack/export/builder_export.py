@@ -24,9 +24,9 @@ Runtime's MatMulNBits quantizer with quantize/modes.py's bits, block size, symme
 every MatMul and the lm_head; the token embedding stays at --dtype; on the CPU accuracy level 1, see
 CPU_ACCURACY_LEVEL; a .gguf source is dequantized first). The calibrated Q/DQ modes and the GGUF's own blocks
 are --graphs torch only. The KV cache is static, attention GroupQueryAttention (head_dim % 8 == 0), heads the
-onnxruntime form. Families: those tested with our heads (BUILDER_ARCHITECTURES). Needs `pip install specpack[builder]` (onnxruntime-genai,
-which keeps onnxruntime as it is). Runs in the export's worker process (pipeline.py), so torch and the
-builder's memory go with it.
+onnxruntime form. Families: those tested with our heads (BUILDER_ARCHITECTURES). Needs `pip install
+specpack[builder]` (onnxruntime-genai, which keeps onnxruntime as it is). Runs in the export's worker process
+(pipeline.py), so torch and the builder's memory go with it.
 """
 
 from __future__ import annotations
