@@ -164,9 +164,9 @@ def run_isolated(fn: Callable[..., T], *args: object) -> T:
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=_child, args=(send, fn, args), daemon=True)
-    proc.start()
-    send.close()
-    try:
+    try:  # from start() on: an interrupt that lands while the child is being launched stops it too
+        proc.start()
+        send.close()
         try:
             ok, value, remote_tb = receive.recv()
         except EOFError:  # the child ended without a word
@@ -174,6 +174,7 @@ def run_isolated(fn: Callable[..., T], *args: object) -> T:
             raise _died(fn, proc.exitcode) from None
         proc.join(30)  # it is exiting
     finally:
+        send.close()  # (again: closing twice is harmless) not left open when start() was interrupted
         receive.close()
         _stop(proc)
     if ok:
@@ -197,6 +198,8 @@ def _child(send: Connection, fn: Callable[..., Any], args: tuple[object, ...]) -
 
 
 def _stop(proc: Any) -> None:
+    if proc.pid is None:  # never started
+        return
     if proc.is_alive():
         proc.terminate()
         proc.join(10)

@@ -163,7 +163,8 @@ def test_worker_results_errors_and_deaths() -> None:
 
 
 STAGE_SCRIPT = """
-import sys
+import faulthandler, signal, sys
+faulthandler.register(signal.SIGUSR1)  # the test asks for every thread's traceback if this process hangs
 from pathlib import Path
 from specpack.export.staging import run_isolated, staging_dir, stop_on_signals
 from tests.export.staging_children import write_forever
@@ -203,7 +204,14 @@ def test_signals_stop_the_worker_and_remove_the_staging_dir(tmp_path: Path, sig:
     pid_file = _wait_for(lambda: next(tmp_path.glob(".p.partial-*/child.pid"), None))
     child = int(_wait_for(pid_file.read_text))
     proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:  # a hang (seen once in CI, not reproduced): say where it hangs
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(2)
+        proc.kill()
+        _, err = proc.communicate()
+        raise AssertionError(f"still running 60 s after signal {sig.name}; its threads:\n{err.decode()[-4000:]}") from None
     assert proc.returncode == (128 + sig if sig == signal.SIGTERM else -sig), err.decode()  # SIGINT: re-raised
     assert list(tmp_path.iterdir()) == []
     assert _gone(child)
