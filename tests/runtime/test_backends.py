@@ -13,6 +13,7 @@ import pytest
 from harness import LookupDrafter, run
 
 import specpack
+from specpack import names
 from specpack.deploy.manifest import Manifest
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BACKENDS, BackendOptions, open_backend
@@ -43,6 +44,37 @@ def test_cpu_equals_reference(tiny_pack, family: str, draft: str, pair: dict[str
         for k, params in ((0, SamplingParams()), (3, SamplingParams()), (8, SamplingParams()), (0, SAMPLED),
                           (3, SAMPLED), (8, SAMPLED)):
             assert _tokens(cpu, pack_dir, prompt, k, params) == _tokens(ref, pack_dir, prompt, k, params), (prompt, k)
+    cpu.close()
+
+
+def test_greedy_single_steps_run_two_rows_on_cpu(tiny_pack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A greedy k = 0 step after the prefill verifies the token and a pad draft (two rows), so that it takes the
+    multi-row kernels every verify of drafts takes (docs/architecture.md, "One row is never run alone"); the pad
+    is kept out of the output and the cache whether it passed or not. Sampled steps run one row."""
+    pack_dir = tiny_pack("qwen2", "noisy")[0]
+    cpu, ref = _open(pack_dir, "cpu"), _open(pack_dir, "reference")
+    graph = cpu.target().graph
+    runs: list[tuple[int, int]] = []  # (rows, n_accepted) of every target run
+    real_run = graph.run
+
+    def spy(binding, inputs, outputs) -> None:  # type: ignore[no-untyped-def]
+        real_run(binding, inputs, outputs)
+        runs.append((inputs[names.INPUT_IDS].shape[1], int(outputs[names.N_ACCEPTED][0])))
+
+    monkeypatch.setattr(graph, "run", spy)
+    vocab = Manifest.read(pack_dir).vocab_size
+    prompts = [[5, 6, 7], [3], *np.random.default_rng(2).integers(0, vocab - 8, (4, 12)).tolist()]
+    verdicts = set()
+    for prompt in prompts:
+        runs.clear()
+        assert _tokens(cpu, pack_dir, prompt, 0, SamplingParams()) == _tokens(ref, pack_dir, prompt, 0, SamplingParams())
+        # the prefill runs the prompt (a one-token prompt padded too), every later step two rows
+        assert runs[0][0] == max(len(prompt), 2) and {rows for rows, _ in runs[1:]} == {2}, runs
+        verdicts |= {n for _, n in runs}
+    assert verdicts == {0, 1}  # the pad passed at some steps and not at others: both gave the reference's tokens
+    runs.clear()
+    _tokens(cpu, pack_dir, [5, 6, 7], 0, SAMPLED)
+    assert {rows for rows, _ in runs[1:]} == {1}
     cpu.close()
 
 

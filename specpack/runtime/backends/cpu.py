@@ -43,11 +43,12 @@ class Constants:
     positions: np.ndarray   # int64 [1, max_len + k_max + 1]  0, 1, 2, ... (position_ids are views)
     mask: np.ndarray        # int64 [1, max_len + k_max + 1]  all ones (attention_mask is a view)
     no_q: np.ndarray        # fp32 [1, 0, V]                   draft_probs of a verify with no drafts
+    pad_q: np.ndarray       # fp32 [1, 1, V]                   draft_probs of a greedy single step's pad row
 
     @classmethod
     def allocate(cls, width: int, vocab_size: int) -> Constants:
         return cls(positions=np.arange(width, dtype=np.int64)[None, :], mask=np.ones((1, width), np.int64),
-                   no_q=np.zeros((1, 0, vocab_size), np.float32))
+                   no_q=np.zeros((1, 0, vocab_size), np.float32), pad_q=np.zeros((1, 1, vocab_size), np.float32))
 
 
 class _OrtModel:
@@ -116,6 +117,8 @@ class OrtTarget(_OrtModel):
 
     def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
         k, outputs = proposal.k, self._outputs[state.slot]
+        if k == 0 and state.params.greedy and state.length - self.caches[state.slot].length == 1:
+            return self._single_greedy_step(state)
         q = self.constants.no_q if k == 0 else proposal.q if proposal.q is not None else self._set_one_hot(state, proposal)
         try:
             self._run(state, state.length + k,
@@ -127,6 +130,26 @@ class OrtTarget(_OrtModel):
         n = int(outputs[names.N_ACCEPTED][0])
         self.rollback(state, state.length + n)  # the rejected drafts leave the cache
         return VerifyResult(n, int(outputs[names.NEXT_TOKEN][0]))
+
+    def _single_greedy_step(self, state: DecodeState) -> VerifyResult:
+        """A greedy step over one new token, run as two rows: the token and a pad draft after it.
+
+        ONNX Runtime's CPU kernels compute one row with their own paths (MLAS's GEMV, MatMulNBits' M = 1
+        kernels) that round differently from the multi-row ones every verify of drafts runs, and MatMulNBits'
+        int8 activations turn those last-bit differences into different tokens (2 of 8 HumanEval prompts on the
+        real GGUF pair: docs/architecture.md, "One row is never run alone"). With a pad row every step after the
+        prefill goes through the multi-row kernels, whose rows do not depend on how many rows run together, so
+        the target alone and speculative decoding compute the same logits. The pad (the last committed token)
+        is accepted exactly when it is argmax p at the first row, so the token is argmax p there either way;
+        its verdict on the pad row's own logits is dropped, and so is its cache entry."""
+        outputs, start = self._outputs[state.slot], state.length
+        state.ids[start] = state.ids[start - 1]  # the pad draft, where the next token is written anyway
+        self._run(state, start + 1, {names.DRAFT_PROBS: self.constants.pad_q,          # [1, 1, V] (greedy: unread)
+                                     names.UNIFORMS: state.uniforms.verify[:, :2]},   # [1, 2]    (greedy: unread)
+                  outputs)
+        token = int(state.ids[start]) if outputs[names.N_ACCEPTED][0] else int(outputs[names.NEXT_TOKEN][0])
+        self.rollback(state, start)  # the cache keeps the committed tokens: the new token is fed next step
+        return VerifyResult(0, token)
 
     def _set_one_hot(self, state: DecodeState, proposal: Proposal) -> np.ndarray:
         """A deterministic proposal's q: one-hot rows on its tokens, in an all-zero buffer kept per slot."""
