@@ -4,8 +4,8 @@ Threads. The draft and the target run in turn, never at once, each on its own in
 spin while a run is in progress (hundreds of small ops a step: a sleeping pool pays a wake-up for each) and
 stop spinning the moment the run returns (`session.force_spinning_stop`), so an idle session never takes the
 cores from the one running. Measured on the real Q4_K_M pair, 2-core AMD EPYC, 2 threads (bench/README.md,
-"Threads that spin within a run"; median of 8 rounds): against pools that never spin, a draft step
-22.9 -> 20.2 ms, a target step 73.3 -> 68.2 ms, a speculative step (4 draft steps and a verify) 244 -> 226 ms.
+"Threads that spin within a run"; medians of 6 rounds): against pools that never spin, a draft step
+26.9 -> 22.9 ms, a target step 87.3 -> 78.0 ms, a speculative step (4 draft steps and a verify) 291 -> 256 ms.
 ONNX Runtime's process-wide shared pool gives about the same, but once it exists every other session in the
 process must use it too (creating one with threads of its own fails), so the runtime does not impose it.
 """
