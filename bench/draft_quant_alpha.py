@@ -26,6 +26,7 @@ VARIANTS: dict[str, WeightOnlySpec] = {
     "int4-b16": WeightOnlySpec("int4", bits=4, block_size=16),
     "int4-kquant": WeightOnlySpec("int4", bits=4, algorithm="k_quant"),
     "int4-lm8": WeightOnlySpec("int4", bits=4, lm_head_bits=8),              # lm_head (and tied table) at 8 bits
+    "int4-kquant-lm8": WeightOnlySpec("int4", bits=4, algorithm="k_quant", lm_head_bits=8),
     "int8": WeightOnlySpec("int8", bits=8, symmetric=True),                   # spec-export's int8
 }
 

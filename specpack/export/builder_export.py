@@ -20,7 +20,7 @@ What it builds, and what is refused before anything is built (`check_builder_con
 
 Weights: as the source has them (a .gguf source needs --dequantize), or weight-only int4 / int8 through the
 builder's own quantizer (`--quantize-draft/--quantize-target int4|int8`: builder precision int4 / int8, ONNX
-Runtime's MatMulNBits quantizer with quantize/modes.py's bits, block size, symmetry and round to nearest, on
+Runtime's MatMulNBits quantizer with quantize/modes.py's bits, block size, symmetry and algorithm, on
 every MatMul and the lm_head; the token embedding stays at --dtype; on the CPU accuracy level 1, see
 CPU_ACCURACY_LEVEL; a .gguf source is dequantized first). The calibrated Q/DQ modes and the GGUF's own blocks
 are --graphs torch only. The KV cache is static, attention GroupQueryAttention (head_dim % 8 == 0), heads the

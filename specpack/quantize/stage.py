@@ -3,7 +3,8 @@
     plain.onnx ─ find_sites ─> weights W [K, N] ─ source ─> BlockQuant, or kept ─ rewrite ─> plain.<mode>.onnx
                                                                                            + one .data file
 Sources:
-    int4 / int8   ONNX Runtime's own quantizer (matmul_nbits_quantizer's kernels, round to nearest) on W
+    int4 / int8   ONNX Runtime's own quantizer (matmul_nbits_quantizer's kernels) on W: k-quant search for
+                  int4, round to nearest for int8 (modes.py)
     gguf          the GGUF file's blocks where they map exactly (gguf_blocks.py), found by their values;
                   other quantized formats are dequantized (W is that) + quantized by ONNX Runtime's
                   quantizer; float GGUF tensors stay float
@@ -17,6 +18,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,7 +73,7 @@ def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | 
     packed_tables: dict[str, tuple[str, BlockQuant]] = {}
     records = []
     try:
-        for site in _embeddings_first(sites):
+        for site in _track(_embeddings_first(sites), f"quantizing {plain.stem} ({method}, {spec.algorithm})"):
             if site.kind == "tied" and site.tensor not in packed_tables:
                 records.append({**_describe(site), "path": "kept", "why": "its embedding was not quantized"})
                 continue
@@ -123,6 +125,14 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, int]:
 def _embeddings_first(sites: list[Site]) -> list[Site]:
     """Embeddings before the lm_heads that share their table."""
     return sorted(sites, key=lambda s: (s.kind == "tied", s.node))
+
+
+def _track(sites: list[Site], description: str) -> Iterable[Site]:
+    """The sites, with a progress bar on stderr (k-quant takes minutes on a 1.5B model)."""
+    from rich.console import Console
+    from rich.progress import track
+
+    return track(sites, description=description, console=Console(stderr=True), transient=True)
 
 
 def _describe(site: Site) -> dict[str, Any]:
