@@ -88,8 +88,11 @@ def main() -> None:
     args = ap.parse_args()
     v = [float(x) for x in args.v.split(",")]
     fields = AdaptiveConfig.__dataclass_fields__
-    config = AdaptiveConfig(**{name: int(value) if fields[name].type == "int" else float(value)
-                               for name, value in (item.split("=") for item in args.set)})
+    def parse(name: str, value: str) -> Any:
+        kind = fields[name].type
+        return int(value) if kind == "int" else value in ("1", "true", "True") if kind == "bool" else float(value)
+
+    config = AdaptiveConfig(**{name: parse(name, value) for name, value in (item.split("=") for item in args.set)})
     results = json.loads(args.results.read_text())
     stored = json.loads(args.json.read_text()) if args.json.exists() else {}
     prompts = stored.get("prompts", {}) if args.replay_only else {}
@@ -98,7 +101,7 @@ def main() -> None:
 
         tokenizer = PackTokenizer.load(args.pack / "tokenizer")
         chosen = {p.id: p for p in select_prompts(PROMPTS / "spec_bench_question.jsonl", PROMPTS / "HumanEval.jsonl.gz",
-                                                  list(CATEGORIES), 4)}
+                                                  list(CATEGORIES), 80)}  # the runs' ids pick
         for pid, entry in results["runs"].items():
             p, out = chosen[pid], entry["configs"]["ar"]["tokens"]
             ids = tokenizer.encode_chat(p.text) if p.chat else tokenizer.encode(p.text)
