@@ -45,12 +45,17 @@ from typing import Any
 
 CONFIGS: dict[str, tuple[int | None, str | None]] = {  # name -> (k: None is adaptive, drafter)
     "ar": (0, None),
+    "model-k1": (1, "model"),
     "model-k2": (2, "model"),
+    "model-k3": (3, "model"),
     "model-k4": (4, "model"),
     "model-auto": (None, "model"),
+    "ngram-k1": (1, "ngram"),
+    "ngram-k2": (2, "ngram"),
     "ngram-k4": (4, "ngram"),
     "ngram-auto": (None, "ngram"),
 }
+DEFAULT_CONFIGS = ("ar", "model-k2", "model-k4", "model-auto", "ngram-k4", "ngram-auto")  # the earlier runs' six
 SPEC_BENCH = ("mt_bench", "translation", "summarization", "qa", "math_reasoning", "rag")
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 CATEGORIES = (*SPEC_BENCH, "humaneval")
@@ -191,7 +196,7 @@ def predicted_speedup(config: str, r: dict[str, Any], costs: dict[str, Any] | No
 
 def table(results: dict[str, Any]) -> str:
     """A markdown table of the median speedups (and, for adaptive k, the k asked most often)."""
-    configs = [c for c in CONFIGS if c != "ar"]
+    configs = [c for c in CONFIGS if c != "ar" and any(c in row for row in results["summary"].values())]
     lines = ["| category | prompts | AR tok/s | " + " | ".join(configs) + " |",
              "|---|---|---|" + "---|" * len(configs)]
     for category, row in results["summary"].items():
@@ -227,7 +232,7 @@ def main() -> None:
     parser.add_argument("pack", type=Path, nargs="?")
     parser.add_argument("--out", type=Path, default=Path("bench/results/drafters_cpu.json"))
     parser.add_argument("--categories", default=",".join(CATEGORIES), type=lambda s: s.split(","))
-    parser.add_argument("--configs", default=",".join(CONFIGS), type=lambda s: s.split(","))
+    parser.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), type=lambda s: s.split(","))
     parser.add_argument("--prompts-per-category", type=int, default=3)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=1)
