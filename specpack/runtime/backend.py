@@ -40,6 +40,9 @@ BACKENDS: dict[str, str] = {  # device name -> module with `load(path, manifest,
 class BackendOptions:
     threads: int | None = None  # intra-op threads per session (None: the runtime's default)
     slots: int = 1              # cache sets (and request buffers) allocated: requests that may be in flight at once
+    pad_single_steps: bool = True  # a greedy target step over one token runs as two rows, so that it takes the
+                                   # kernels a verify of drafts takes (docs/architecture.md, "One row is never run
+                                   # alone"); False: one row alone (bench/row_invariance.py measures the difference)
 
 
 class TargetModel(Protocol):

@@ -19,9 +19,10 @@ from specpack.runtime.pack import Pack
 from specpack.runtime.tokenizer import PackTokenizer
 
 
-def device_pack(pack_dir: Path, slots: int = 1, chunked_runs: bool = False) -> Pack:
+def device_pack(pack_dir: Path, slots: int = 1, chunked_runs: bool = False, pad_single_steps: bool = True) -> Pack:
     manifest = Manifest.read(pack_dir)
-    backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots), device="cpu", chunked_runs=chunked_runs)
+    backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots, pad_single_steps=pad_single_steps),
+                          device="cpu", chunked_runs=chunked_runs)
     return Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
 
 
@@ -67,6 +68,19 @@ def test_bindings_are_made_once_per_run_shape(static_pack: Path) -> None:
     assert {key: id(b) for key, b in target.slots[0].bindings.items() if key in first} == \
            {key: id(b) for key, b in first.items()}
     assert all(key[0] is True and key[1] <= dev.manifest.k_max + 1 for key in first)
+
+
+def test_greedy_single_steps_run_two_rows(static_pack: Path) -> None:
+    """After the prefill a greedy k = 0 step runs the verify's k = 1 shape (the token and a pad draft), as on the
+    cpu backend (docs/architecture.md, "One row is never run alone"); the same tokens either way here, and one
+    row alone with pad_single_steps off."""
+    padded, alone = device_pack(static_pack), device_pack(static_pack, pad_single_steps=False)
+    for prompt in ("def add(a, b):", [5]):
+        assert padded.generate(prompt, 24, k=0).tokens == alone.generate(prompt, 24, k=0).tokens
+    shapes = {key[1:] for key in padded.backend.target().slots[0].bindings}  # type: ignore[attr-defined]
+    assert (2, 1) in shapes and (1, 0) not in shapes, shapes  # (rows, k): never one row, even the 1-token prefill
+    shapes = {key[1:] for key in alone.backend.target().slots[0].bindings}  # type: ignore[attr-defined]
+    assert (1, 0) in shapes and (2, 1) not in shapes, shapes
 
 
 def test_deterministic_proposals_and_two_slots(static_pack: Path) -> None:

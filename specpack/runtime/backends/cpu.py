@@ -108,8 +108,9 @@ class OrtTarget(_OrtModel):
     """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token out."""
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int,
-                 positions: bool = True) -> None:
+                 positions: bool = True, pad_single_steps: bool = True) -> None:
         super().__init__(graph, caches, constants, positions)
+        self.pad_single_steps = pad_single_steps
         self._outputs = [{names.N_ACCEPTED: np.zeros(1, np.int64), names.NEXT_TOKEN: np.zeros(1, np.int64)}
                          for _ in caches]  # [1] each, per slot
         self._one_hot = [np.zeros(0, np.float32) for _ in caches]  # [1, k_max, V] per slot, allocated on first use
@@ -117,7 +118,7 @@ class OrtTarget(_OrtModel):
 
     def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
         k, outputs = proposal.k, self._outputs[state.slot]
-        if k == 0 and state.params.greedy and state.length - self.caches[state.slot].length == 1:
+        if k == 0 and self.pad_single_steps and state.params.greedy and state.length - self.caches[state.slot].length == 1:
             return self._single_greedy_step(state)
         q = self.constants.no_q if k == 0 else proposal.q if proposal.q is not None else self._set_one_hot(state, proposal)
         try:
@@ -173,7 +174,7 @@ class OrtBackend:
             _check_cpu_dtypes(m)
         self.constants = Constants.allocate(m.max_len + m.k_max + 1, m.vocab_size)
         self._target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, m.k_max, m.vocab_size,
-                                 _feeds_positions(m.target))
+                                 _feeds_positions(m.target), options.pad_single_steps)
         self._draft: OrtDraft | None = None
         self._draft_lock = threading.Lock()
 

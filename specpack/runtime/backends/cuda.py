@@ -279,7 +279,15 @@ class DeviceTarget(_DeviceModel):
 
     def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
         k, i = proposal.k, state.slot
-        slot, uniforms = self.slots[i], self._uniforms[i][k]
+        slot = self.slots[i]
+        # a greedy step over one token runs as two rows, the token and a pad draft (the cpu backend's
+        # OrtTarget._single_greedy_step says why); the greedy form reads neither q nor the uniforms
+        padded = (k == 0 and slot.greedy and self.backend.options.pad_single_steps
+                  and state.length - slot.cache.length == 1)
+        if padded:
+            state.ids[state.length] = state.ids[state.length - 1]
+            k = 1
+        uniforms = self._uniforms[i][k]
         q: DeviceView = self._q_scratch[i].view((1, k, self.vocab))  # [1, k, V]
         if not slot.greedy:
             uniforms.write(state.uniforms.verify[:, : k + 1])
@@ -288,6 +296,10 @@ class DeviceTarget(_DeviceModel):
         self._run(state, state.length + k, (k,), {names.DRAFT_PROBS: q, names.UNIFORMS: uniforms.view()},
                   {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view()})
         n = int(self._n[i].read()[0])
+        if padded:  # the token is argmax p at the first row: the pad when it passed, else the correction
+            token = int(state.ids[state.length]) if n else int(self._next[i].read()[0])
+            self.rollback(state, state.length)
+            return VerifyResult(0, token)
         self.rollback(state, state.length + n)  # the rejected drafts leave the cache: a length update
         return VerifyResult(n, int(self._next[i].read()[0]))
 
