@@ -30,10 +30,13 @@
 #   int4      the builder part with int4 weights: our pack exported with --quantize-draft/--quantize-target int4
 #             (the model builder's quantizer, export/builder_export.py) beside onnxruntime-genai's own int4 model
 #             of the same target, autoregressive with CUDA graphs, same prompts and run (gpu-h200-int4.json)
+#   rows      one row alone against two rows (docs/architecture.md, "One row is never run alone"): the target alone
+#             exported fp16 and int4 (n-gram packs of the target GGUF, builder graphs), bench/row_invariance.py on 8
+#             HumanEval + 8 MT-bench prompts, 128 tokens; needs the target GGUF and the prompts staged, not the draft
 #   collect   copy every result under /tmp/gpuwork (JSON, logs) to $OUT
 # Results go to $OUT (the device tool brings them back): gpu-<card>-builder.json, drafters_gpu.json, gpu_tests.txt.
 set -uo pipefail
-part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes|plain|calibrated METHOD|int4|collect}
+part=${1:?usage: run_gpu.sh builder|drafters|peers|shapes|plain|calibrated METHOD|int4|rows|collect}
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 staged=/tmp/stage/files
 models=$(dirname "$(find $staged -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)")
@@ -80,6 +83,19 @@ PY
     ;;
   int4)
     "${gpu[@]}" --quantize int4 --phases card,genai_pack,genai,summary --configs ngram:4 ;;
+  rows)
+    for q in none int4; do
+      pack=$work/rows-$q
+      weights=(--dequantize); [[ $q == int4 ]] && weights=(--quantize-target int4)
+      [[ -f $pack/manifest.json ]] || python3 -m specpack export --target "$models/qwen2.5-coder-1.5b-instruct-q4_k_m.gguf" \
+        --drafter ngram --graphs builder --dtype fp16 --ep cuda "${weights[@]}" --k 8 --max-len 1024 -o "$pack" || exit 1
+      for set in HumanEval mt_bench_question; do
+        file=$(find "$prompts" -name "$set.json*" | head -1)
+        python3 bench/row_invariance.py "$pack" --device cuda --prompts "$file" --limit 8 --max-new-tokens 128 \
+          --json "$out/row_invariance_gpu_${q}_${set}.json"
+      done
+    done
+    exit 0 ;;
   collect)
     cp "$work"/*.json "$work"/*.log "$out/" 2>/dev/null; ls -la "$work"; exit 0 ;;
   calibrated)
