@@ -3,19 +3,22 @@ Greedy speculative decoding gives the target alone's tokens exactly when it does
 is never run alone").
 
     python bench/row_invariance.py PACK [--device cpu|cuda] --prompts FILE [--limit 8] [--max-new-tokens 64]
-        [--ks 1,2,3,4] [--json OUT]
+        [--ks 1,2,3,4] [--time REPS] [--json OUT]
 
 Per prompt, greedy: the target alone (k = 0) with its single steps padded to two rows (the backends' default,
 `BackendOptions.pad_single_steps`) and with one row alone; then each fixed k with a lookup drafter proposing the
 padded run's own continuation with every third draft made wrong, so that verifies accept, reject and run all
 k + 1 rows. Every run emits the target's argmaxes, so it equals the padded target alone exactly when a row's
 logits do not depend on how many rows run with it. Prints, and saves, the first token at which each run differs.
+`--time REPS` also times the target alone both ways (decode tokens/s, the median of REPS decodes): what padding
+costs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +65,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--ks", default="1,2,3,4")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--time", type=int, default=0, metavar="REPS")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -84,11 +88,13 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     params = SamplingParams()
 
-    def run(pack: Pack, ids: list[int], k: int, drafter: Any) -> list[int]:
+    def run(pack: Pack, ids: list[int], k: int, drafter: Any, stats: list[float] | None = None) -> list[int]:
         state = DecodeState.start(ids, args.max_new_tokens, params, Uniforms(params, manifest.k_max),
                                   eos_ids=frozenset(manifest.eos_token_ids), max_len=manifest.max_len,
                                   k_max=manifest.k_max, stats=DecodeStats(k=k))
         decode(state, pack.backend.target(), drafter, FixedK(k))
+        if stats is not None:
+            stats.append(state.stats.tokens_per_s)
         return state.out
 
     rows = []
@@ -102,9 +108,17 @@ def main() -> None:
         for k in ks:
             drafter = CorruptedLookup(len(ids), padded, manifest.vocab_size)
             row[f"k{k}"] = first_difference(padded, run(packs[True], ids, k, drafter))
+        if args.time:
+            speeds: dict[bool, list[float]] = {True: [], False: []}
+            for _ in range(args.time):
+                for pad in (True, False):  # interleaved: a slow moment hits both
+                    run(packs[pad], ids, 0, none, speeds[pad])
+            row["tok_s_padded"], row["tok_s_one_row"] = (statistics.median(speeds[p]) for p in (True, False))
         rows.append(row)
         print(json.dumps(row), flush=True)
-    summary = {name: sum(r[name] is None for r in rows) for name in ("one_row_alone", *(f"k{k}" for k in ks))}
+    summary: dict[str, Any] = {name: sum(r[name] is None for r in rows) for name in ("one_row_alone", *(f"k{k}" for k in ks))}
+    if args.time:
+        summary["padded_over_one_row_tok_s"] = statistics.median(r["tok_s_padded"] / r["tok_s_one_row"] for r in rows)
     print(f"identical to the padded target alone, of {len(rows)} prompts: " +
           ", ".join(f"{name} {n}" for name, n in summary.items()))
     if args.json is not None:

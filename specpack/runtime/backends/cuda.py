@@ -327,7 +327,7 @@ class CudaBackend:
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
         chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
         are captured)."""
-        for entry, label in ((manifest.target, "target"), (manifest.draft, "draft")):
+        for label, entry in manifest.models():  # an n-gram pack has no draft model
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
                 raise SpecpackError("the cuda backend needs graphs with the static KV cache, fp32 or fp16",
                                     expected="a pack exported with --kv-cache static --dtype fp16 (or fp32)",
