@@ -24,7 +24,9 @@ after it.
 Costs (MeasuredCosts): the median of the last `window` times per k, and per draft. A k never measured is
 interpolated linearly between measured ks and extrapolated with the nearest segment's slope, but never a
 flatter one than the prior relative slope (`verify_slope`: timings flat within noise must not make an unmeasured
-k look free); while a single k is measured, with the prior relative slope. A request starts at `first_k`;
+k look free), nor, above the measured ks, than the slope over the whole measured range (with int4 weights on a
+2-core CPU each row costs more than the last, v(4) = 1.9; one noisy flat segment made k 7-8 look cheap to prompt
+lookup there); while a single k is measured, with the prior relative slope. A request starts at `first_k`;
 k = 0 is measured as soon as it looks best, or as a neighbour of k = 1.
 PriorCosts replaces the measurements by fixed relative costs where the k schedule must not depend on the
 clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
@@ -203,8 +205,9 @@ class PriorCosts:
 
 def _interpolate(known: list[tuple[int, float]], k: int, slope: float) -> float:
     """V(k) from the measured (k, V) pairs, sorted by k: linear between them, and beyond them with the slope of
-    the nearest segment, at least `slope` relative to the edge's V (below the smallest measured k no lower than a
-    quarter of its V). With a single measured k, `slope` (relative: V(k) / V(0) = 1 + slope k) scales it."""
+    the nearest segment, at least `slope` relative to the edge's V and, above them, at least the slope over the whole
+    measured range (below the smallest measured k no lower than a quarter of its V). With a single measured k,
+    `slope` (relative: V(k) / V(0) = 1 + slope k) scales it."""
     if len(known) == 1:
         (k0, v0), = known
         return v0 * (1.0 + slope * k) / (1.0 + slope * k0)
@@ -219,6 +222,10 @@ def _interpolate(known: list[tuple[int, float]], k: int, slope: float) -> float:
     rise = max(max(vb - va, 0.0) / (kb - ka), edge_v * slope / (1.0 + slope * edge_k))
     if lo is None:
         return max(va - rise * (ka - k), 0.25 * va)
+    # above: at least the slope over the whole measured range, so that one segment flat within noise does not make
+    # longer drafts look cheap where each row costs more than the last (int4 on a 2-core CPU: v(4) = 1.9)
+    (k_first, v_first) = known[0]
+    rise = max(rise, max(vb - v_first, 0.0) / (kb - k_first))
     return vb + rise * (k - kb)
 
 

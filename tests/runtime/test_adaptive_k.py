@@ -126,7 +126,11 @@ def test_interpolated_costs() -> None:
     assert [round(_interpolate(known, k, 0.0), 6) for k in (0, 2, 4, 6)] == [1.0, 1.2, 1.4, 1.6]
     assert _interpolate([(4, 1.4)], 2, 0.0) == 1.4 and _interpolate([(4, 1.4)], 8, 0.0) == 1.4
     assert _interpolate([(4, 1.4)], 0, 0.1) == pytest.approx(1.0)  # one k known: the prior relative slope
-    assert _interpolate([(0, 1.0), (2, 1.3), (4, 1.2)], 8, 0.0) == 1.2  # a falling last segment extrapolates flat
+    # above the measured ks: the steeper of the last segment and the whole range (a noisy flat last segment must not
+    # make long drafts look cheap where each row costs more than the last)
+    assert _interpolate([(0, 1.0), (2, 1.3), (4, 1.2)], 8, 0.0) == pytest.approx(1.4)
+    assert _interpolate([(0, 1.0), (2, 1.5), (3, 2.0), (4, 2.0)], 8, 0.04) == pytest.approx(3.0)
+    assert _interpolate([(0, 1.0), (1, 1.0), (4, 1.9)], 6, 0.04) == pytest.approx(2.5)  # the last segment, if steeper
     assert _interpolate([(2, 1.2), (4, 1.4)], 0, 0.0) == pytest.approx(1.0)  # below: the first segment's slope
     costs = MeasuredCosts(4, window=3, verify_slope=0.0)
     for elapsed in (9.0, 1.0, 1.2, 1.1):  # a spike, then forgotten: the median of the last 3
