@@ -2,15 +2,16 @@
 how far it moves from the fp32 target, and what a verify of k + 1 rows costs against a step of one.
 
     python bench/qgemm_target.py MODEL_DIR --work DIR [--prompts FILE --limit 8] [--rows 1,2,3,4,5]
-        [--context 128] [--exclude down_proj] [--threads 2] [--json OUT]
+        [--context 128] [--exclude-k 8960] [--threads 2] [--json OUT]
 
 bench/matmulnbits_rows.py found MatMulNBits (every block layout) paying 2-2.9x one row for 4-5 rows on an AVX2 CPU
 without VNNI, and `DynamicQuantizeMatMul` 1.2-1.45x. This puts the whole target in that format:
 
 1. MODEL_DIR's plain fp32 graph (export/'s contract; `DIR/target.onnx`, reused when present);
-2. `onnxruntime.quantization.quantize_dynamic`: every MatMul (the lm_head included; `--exclude` names MatMuls to
-   keep in fp32 by a substring of their node name) with int8 weights per column, activations quantized per tensor
-   at run time (`DIR/target_dq8.onnx`);
+2. `onnxruntime.quantization.quantize_dynamic`: every MatMul with constant weights (the lm_head included;
+   `--exclude-k` keeps in fp32 those whose input width K is listed, e.g. the MLP's down projection: K = the
+   intermediate size) with int8 weights per column, activations quantized per tensor at run time
+   (`DIR/target_dq8.onnx`);
 3. fidelity (quantize/fidelity.py): top-1 agreement and mean KL of the quantized target against the fp32 one,
    teacher-forced on the fp32 target's greedy continuations;
 4. the step cost of each graph: median milliseconds of a step of M rows on a cache of `--context` tokens.
@@ -32,13 +33,14 @@ import numpy as np
 from specpack import names
 
 
-def _quantize(plain: Path, out: Path, exclude: list[str]) -> dict[str, Any]:
+def _quantize(plain: Path, out: Path, exclude_k: list[int]) -> dict[str, Any]:
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(plain), load_external_data=False)
-    matmuls = [n.name for n in model.graph.node if n.op_type == "MatMul"]
-    excluded = [n for n in matmuls if any(pattern in n for pattern in exclude)]
+    weights = {t.name: tuple(t.dims) for t in model.graph.initializer}
+    matmuls = [n for n in model.graph.node if n.op_type == "MatMul" and n.input[1] in weights]  # constant B [K, N]
+    excluded = [n.name for n in matmuls if weights[n.input[1]][0] in exclude_k]
     start = time.perf_counter()
     quantize_dynamic(plain, out, weight_type=QuantType.QInt8, per_channel=True, op_types_to_quantize=["MatMul"],
                      nodes_to_exclude=excluded, use_external_data_format=True)
@@ -84,7 +86,7 @@ def main() -> None:
     ap.add_argument("--rows", default="1,2,3,4,5")
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--exclude", default="", help="comma-separated substrings of MatMul node names kept in fp32")
+    ap.add_argument("--exclude-k", default="", help="comma-separated input widths K of MatMuls kept in fp32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
@@ -98,9 +100,10 @@ def main() -> None:
     if not plain.exists():
         export_plain_graph(args.model_dir, plain)
     tokenizer = write_tokenizer(args.model_dir, args.work)  # DIR/tokenizer/
-    exclude = [p for p in args.exclude.split(",") if p]
-    result: dict[str, Any] = {"machine": machine_info(args.threads), "model_dir": str(args.model_dir), "exclude": exclude}
-    result["quantize"] = _quantize(plain, quantized, exclude)
+    exclude_k = [int(k) for k in args.exclude_k.split(",") if k]
+    result: dict[str, Any] = {"machine": machine_info(args.threads), "model_dir": str(args.model_dir),
+                              "exclude_k": exclude_k}
+    result["quantize"] = _quantize(plain, quantized, exclude_k)
     print("quantized:", result["quantize"], flush=True)
     rows = [int(r) for r in args.rows.split(",")]
     result["step_ms"] = {label: _step_ms(graph, rows, args.context, args.threads, args.reps)
