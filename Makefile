@@ -7,7 +7,11 @@ SPECPACK_CACHE ?= $(HOME)/.cache/specpack
 DEMO_PACK ?= $(SPECPACK_CACHE)/packs/qwen2.5-coder-0.5b-1.5b
 DEMO_PROMPT ?= def quicksort(arr):\n    """Sort a list of numbers in ascending order."""\n
 
-.PHONY: install test lint demo pack bench clean
+# pytest-xdist workers, each on a core of its own (tests/conftest.py); `make test WORKERS=0` runs in one process
+WORKERS ?= auto
+PYTEST := $(PY) -m pytest -q -n $(WORKERS)
+
+.PHONY: install test test-slow test-all lint demo pack bench clean
 
 install: $(VENV)/.installed
 
@@ -18,8 +22,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps tensorrt-stubs==$(TENSORRT_STUBS)  # type stubs only (docs/tensorrt.md)
 	touch $@
 
+# everything but the `slow` set (docs/testing.md says what is in it and why); test-all: everything
 test: install
-	$(PY) -m pytest -q
+	$(PYTEST) -m "not slow"
+
+test-slow: install
+	$(PYTEST) -m slow
+
+test-all: install
+	$(PYTEST)
 
 lint: install
 	$(VENV)/bin/ruff check specpack tests bench tools

@@ -5,17 +5,24 @@
                      **pair options)                                           -> plain .onnx path (export/)
     tiny_pack(family, draft="small", k=8, max_len=None, **pair options)        -> (pack_dir, draft_dir, target_dir)
     tiny_ngram_pack(family, k=8, **pair options)                               -> (pack_dir, target_dir): no draft model
+    tiny_export(family, draft="small" | None, pair options, **ExportConfig)     -> pack_dir of any export configuration
 
+Every build goes through `tiny_store` (tests/tiny_cache.py): built once per version of the code, under a file
+lock, so the test workers (pytest-xdist) share each build and a later run on the same code builds nothing.
 torch and transformers are imported inside the fixtures only.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.tiny_cache import BuildCache
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:  # `import tiny` from any test: pytest puts the rootdir, not tests/, on sys.path
@@ -24,96 +31,131 @@ if _TESTS not in sys.path:  # `import tiny` from any test: pytest puts the rootd
 PairFactory = Callable[..., tuple[Path, Path]]
 
 
+SLOW_DEADLINE_ENV = "SPECPACK_SLOW_DEADLINE"  # epoch seconds: slow tests not started by then are skipped (.ci/run)
+SLOW_SEED_ENV = "SPECPACK_SLOW_SEED"  # any string: the slow tests run in an order shuffled by it (.ci/run: the commit)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With SPECPACK_SLOW_SEED, the slow tests go last in an order shuffled by the seed, so that CI runs, each
+    cut short by its deadline, cover different parts of the slow set (every xdist worker shuffles alike)."""
+    seed = os.environ.get(SLOW_SEED_ENV)
+    if seed is None:
+        return
+    import random
+
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    random.Random(seed).shuffle(slow)
+    items[:] = [item for item in items if not item.get_closest_marker("slow")] + slow
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    deadline = os.environ.get(SLOW_DEADLINE_ENV)
+    if deadline and item.get_closest_marker("slow") and time.time() > float(deadline):
+        pytest.skip(f"the slow set's time budget ({SLOW_DEADLINE_ENV}) is spent; `make test-all` runs it whole")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker on a core of its own (torch and the runtime's ONNX Runtime pools follow
+    the affinity: specpack/runtime/ort_session.py), so that workers never spin threads on each other's core."""
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if worker is not None and 1 < count <= len(cpus):
+        os.sched_setaffinity(0, {cpus[int(worker.removeprefix("gw")) % len(cpus)]})
+
+
 @pytest.fixture(scope="session")
-def tiny_pairs(tmp_path_factory: pytest.TempPathFactory) -> PairFactory:
-    """A factory of tiny (draft_dir, target_dir) pairs, one build per distinct argument set per session."""
-    built: dict[tuple[object, ...], tuple[Path, Path]] = {}
+def tiny_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> BuildCache:
+    """Where tiny builds live: the pytest cache (`pytest --cache-clear` empties it), else beside the temp dirs."""
+    cache = getattr(request.config, "cache", None)
+    root = cache.mkdir("specpack-tiny") if cache is not None else tmp_path_factory.getbasetemp().parent / "specpack-tiny"
+    return BuildCache(Path(root))
+
+
+@pytest.fixture(scope="session")
+def tiny_pairs(tiny_store: BuildCache) -> PairFactory:
+    """A factory of tiny (draft_dir, target_dir) pairs, one build per distinct argument set."""
 
     def make(family: str, draft: str = "small", head_dim: int = 12, max_positions: int = 256,
              pad_rows: int = 0) -> tuple[Path, Path]:
-        key = (family, draft, head_dim, max_positions, pad_rows)
-        if key not in built:
-            import tiny
+        import tiny
 
-            root = tmp_path_factory.mktemp(f"pair-{family}-{draft}-h{head_dim}-p{max_positions}-r{pad_rows}")
-            built[key] = tiny.make_pair(family, root, draft, head_dim=head_dim,
-                                        max_positions=max_positions, pad_rows=pad_rows)
-        return built[key]
+        def build(root: Path) -> None:
+            tiny.make_pair(family, root, draft, head_dim=head_dim, max_positions=max_positions, pad_rows=pad_rows)
+
+        root = tiny_store.get(("pair", family, draft, head_dim, max_positions, pad_rows), build)
+        return root / f"{family}-draft-{draft}", root / f"{family}-target"
 
     return make
 
 
 @pytest.fixture(scope="session")
-def tiny_plain_graph(tiny_pairs: PairFactory, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+def tiny_plain_graph(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., Path]:
     """A factory of exported plain graphs of tiny models: (family, role="target"|"draft", dtype, kv_cache,
     attention, **pair) -> .onnx."""
-    built: dict[tuple[object, ...], Path] = {}
 
     def make(family: str, role: str = "target", dtype: str = "fp32", kv_cache: str = "concat",
              attention: str = "standard", **pair: int | str) -> Path:
-        key = (family, role, dtype, kv_cache, attention, *sorted(pair.items()))
-        if key not in built:
-            from specpack.export.graph_form import GraphForm
-            from specpack.export.torch_export import export_plain_graph
+        from specpack.export.graph_form import GraphForm
+        from specpack.export.torch_export import export_plain_graph
 
-            draft_dir, target_dir = tiny_pairs(family, **pair)
-            out = tmp_path_factory.mktemp(f"plain-{family}-{role}-{dtype}-{kv_cache}-{attention}") / f"{role}.onnx"
-            export_plain_graph(target_dir if role == "target" else draft_dir, out, dtype, GraphForm(kv_cache, attention))
-            built[key] = out
-        return built[key]
+        draft_dir, target_dir = tiny_pairs(family, **pair)
+
+        def build(root: Path) -> None:
+            export_plain_graph(target_dir if role == "target" else draft_dir, root / f"{role}.onnx", dtype,
+                               GraphForm(kv_cache, attention))
+
+        key = ("plain", family, role, dtype, kv_cache, attention, *sorted(pair.items()))
+        return tiny_store.get(key, build) / f"{role}.onnx"
 
     return make
 
 
 @pytest.fixture(scope="session")
-def tiny_pack(tiny_pairs: PairFactory, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path, Path]]:
+def tiny_export(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., Path]:
+    """(family, draft="small" | None, pair options, **ExportConfig fields) -> a pack of that tiny pair exported
+    with that configuration (draft None: the target alone), built once; tests copy it before they change it."""
+
+    def make(family: str, draft: str | None = "small", pair: dict[str, int] | None = None,
+             **config: object) -> Path:
+        from specpack.export.pipeline import ExportConfig, export_pack
+
+        draft_dir, target_dir = tiny_pairs(family, draft or "small", **(pair or {}))
+
+        def build(root: Path) -> None:
+            export_pack(None if draft is None else str(draft_dir), str(target_dir), root / "pack",
+                        ExportConfig(isolate=False, **config))  # type: ignore[arg-type]
+
+        key = ("pack", family, draft, *sorted((pair or {}).items()), *sorted(config.items()))
+        return tiny_store.get(key, build) / "pack"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_pack(tiny_pairs: PairFactory, tiny_export: Callable[..., Path]) -> Callable[..., tuple[Path, Path, Path]]:
     """(family, draft="small", k=8, max_len=None, kv_cache="concat", attention="auto", **pair)
     -> (pack_dir, draft_dir, target_dir)."""
-    built: dict[tuple[object, ...], tuple[Path, Path, Path]] = {}
 
     def make(family: str, draft: str = "small", k: int = 8, max_len: int | None = None, kv_cache: str = "concat",
              attention: str = "auto", **pair: int) -> tuple[Path, Path, Path]:
-        key = (family, draft, k, max_len, kv_cache, attention, *sorted(pair.items()))
-        if key not in built:
-            from specpack.export.pipeline import ExportConfig, export_pack
-
-            draft_dir, target_dir = tiny_pairs(family, draft, **pair)
-            out = tmp_path_factory.mktemp(f"pack-{family}-{draft}-{kv_cache}") / "pack"
-            export_pack(str(draft_dir), str(target_dir), out,
-                        ExportConfig(k=k, max_len=max_len, kv_cache=kv_cache, attention=attention, isolate=False))
-            built[key] = (out, draft_dir, target_dir)
-        return built[key]
+        pack = tiny_export(family, draft, pair, k=k, max_len=max_len, kv_cache=kv_cache, attention=attention)
+        return (pack, *tiny_pairs(family, draft, **pair))
 
     return make
 
 
 @pytest.fixture(scope="session")
-def trt_pack(tiny_pairs: PairFactory, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trt_pack(tiny_export: Callable[..., Path]) -> Path:
     """A tiny qwen2 pack in the form TensorRT engines are built from (static KV cache, standard ops), k 4,
     max_len 64; tests copy it before they add engines (tests/deploy/test_trt_build.py)."""
-    from specpack.export.pipeline import ExportConfig, export_pack
-
-    draft_dir, target_dir = tiny_pairs("qwen2")
-    out = tmp_path_factory.mktemp("pack-trt") / "pack"
-    export_pack(str(draft_dir), str(target_dir), out,
-                ExportConfig(k=4, max_len=64, kv_cache="static", attention="standard", isolate=False))
-    return out
+    return tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static", attention="standard")
 
 
 @pytest.fixture(scope="session")
-def tiny_ngram_pack(tiny_pairs: PairFactory, tmp_path_factory: pytest.TempPathFactory) -> Callable[..., tuple[Path, Path]]:
+def tiny_ngram_pack(tiny_pairs: PairFactory, tiny_export: Callable[..., Path]) -> Callable[..., tuple[Path, Path]]:
     """(family, k=8, **pair) -> (pack_dir, target_dir): a pack exported with --drafter ngram (the target alone)."""
-    built: dict[tuple[object, ...], tuple[Path, Path]] = {}
 
     def make(family: str, k: int = 8, **pair: int) -> tuple[Path, Path]:
-        key = (family, k, *sorted(pair.items()))
-        if key not in built:
-            from specpack.export.pipeline import ExportConfig, export_pack
-
-            _, target_dir = tiny_pairs(family, **pair)
-            out = tmp_path_factory.mktemp(f"ngram-pack-{family}") / "pack"
-            export_pack(None, str(target_dir), out, ExportConfig(k=k, isolate=False, drafter="ngram"))
-            built[key] = (out, target_dir)
-        return built[key]
+        return tiny_export(family, None, pair, k=k, drafter="ngram"), tiny_pairs(family, **pair)[1]
 
     return make

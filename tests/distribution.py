@@ -55,28 +55,45 @@ def chi_square_pvalue(samples: Sequence[Bin], exact: Mapping[Bin, float], min_ex
     An outcome of probability 0 (absent from `exact`) gives p = 0: the sampler is wrong.
     """
     n = len(samples)
-    counts = Counter(samples)
-    unknown = sum(c for seq, c in counts.items() if seq not in exact)
-    if unknown:  # a continuation of probability 0 was sampled: the sampler is wrong
+    if any(seq not in exact for seq in set(samples)):  # a continuation of probability 0 was sampled: the sampler is wrong
         return 0.0
-    observed: list[float] = []
-    expected: list[float] = []
-    pool_obs, pool_exp = 0.0, 0.0
-    for seq, p in exact.items():
-        if n * p >= min_expected:
-            observed.append(counts.get(seq, 0))
-            expected.append(n * p)
-        else:
-            pool_obs += counts.get(seq, 0)
-            pool_exp += n * p
-    if pool_exp > 0:
-        observed.append(pool_obs)
-        expected.append(pool_exp)
-    if len(observed) < 2:
+    bins = pooled(exact, n, min_expected)
+    if len(bins) < 2:
         return 1.0
-    obs, exp = np.asarray(observed, float), np.asarray(expected, float)
+    counts = Counter(s if s in bins else None for s in samples)
+    obs = np.asarray([counts.get(b, 0) for b in bins], float)
+    exp = n * np.asarray(list(bins.values()), float)
     exp *= obs.sum() / exp.sum()
     return float(stats.chisquare(obs, exp).pvalue)
+
+
+def pooled(exact: Mapping[Bin, float], n: int, min_expected: float = 5.0) -> dict[Bin, float]:
+    """exact's outcomes with n * p >= min_expected, and the rest pooled under the key None: chi_square_pvalue's bins."""
+    out: dict[Bin | None, float] = {b: p for b, p in exact.items() if n * p >= min_expected}
+    if rare := sum(p for b, p in exact.items() if n * p < min_expected):
+        out[None] = rare
+    return out  # type: ignore[return-value]
+
+
+def detectable_effect(n: int, bins: int, p_fail: float = 1e-3, power: float = 0.99) -> float:
+    """The smallest effect (Cohen's w = sqrt(sum (p1 - p0)^2 / p0) over the bins) that a chi-square of n samples in
+    `bins` bins rejects at level p_fail with probability `power` (noncentral chi-square, lambda = n w^2)."""
+    df = bins - 1
+    critical = stats.chi2.ppf(1.0 - p_fail, df)
+    lo, hi = 0.0, 1e4  # lambda
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if stats.ncx2.sf(critical, df, mid) >= power else (mid, hi)
+    return float(np.sqrt(hi / n))
+
+
+def effect_size(samples: Sequence[Bin], exact: Mapping[Bin, float], n: int) -> float:
+    """Cohen's w of the samples' distribution against the exact one, over the bins a test of n samples uses
+    (estimate it from many more than n samples: its noise is about sqrt(bins / len(samples)))."""
+    bins = pooled(exact, n)
+    counts = Counter(s if s in bins else None for s in samples)
+    total = len(samples)
+    return float(np.sqrt(sum((counts.get(b, 0) / total - p) ** 2 / p for b, p in bins.items())))
 
 
 @dataclass(frozen=True)

@@ -8,10 +8,15 @@ cores from the one running. Measured on the real Q4_K_M pair, 2-core AMD EPYC, 2
 26.9 -> 22.9 ms, a target step 87.3 -> 78.0 ms, a speculative step (4 draft steps and a verify) 291 -> 256 ms.
 ONNX Runtime's process-wide shared pool gives about the same, but once it exists every other session in the
 process must use it too (creating one with threads of its own fails), so the runtime does not impose it.
+
+Thread count. ONNX Runtime's default pool has one thread per physical core of the machine, whatever the
+process's CPU affinity: under `taskset -c 0` or a container's cpuset of one core, its two threads would spin
+on that one core. So when the affinity mask holds fewer CPUs than the machine, the default is the mask's size.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,11 +25,21 @@ import onnxruntime as ort
 from specpack.errors import SpecpackError
 
 
+def default_threads() -> int | None:
+    """The CPUs this process may run on, where that is fewer than the machine has; None: ONNX Runtime's default."""
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return None
+    return allowed if allowed < (os.cpu_count() or allowed) else None
+
+
 def session_options(threads: int | None, spin: bool = True) -> ort.SessionOptions:
     """Two sessions share the cores in turn: spinning within a run only (see the module docstring); spin False:
-    never (bench/thread_spin.py's baseline)."""
+    never (bench/thread_spin.py's baseline). threads None: default_threads()."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    threads = threads or default_threads()
     if threads:
         opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1

@@ -23,10 +23,14 @@ reference backend's test (tests/runtime/test_sampling_reference.py) has a sharpe
 acceptances.
 
 A deliberately broken draft (q taken before the transform, transformers #32867 / #47932) fails the same
-test with the same seed; the same wrapper made honest gives bit-identical q and tokens.
+test with the same seed; the same wrapper made honest gives bit-identical q and tokens. For the n-gram drafter,
+deterministic drafts whose q is one-hot on another token (the one-hot rows misplaced) fail its test.
 
-Runtime: about 4.7 minutes on the 2-core CPU, pack export included: 170,000 generations through ONNX Runtime,
-whose calls on these tiny graphs cost ~0.2 ms each (overhead, not arithmetic).
+Power (docs/testing.md). `make test` draws SAMPLES = 2,000 generations per setting; the slow set repeats the grid
+at SLOW_SAMPLES = 10,000. At 2,000 the bins (20-117 per setting) detect an effect of Cohen's w >= 0.20-0.27 with
+99 % power at P_FAIL; the broken q of test_catches_q_taken_before_the_transform is rejected there at p = 9e-23
+(T 0.5) and 4e-100 (top-k 5), measured 2026-11-27: an effect far above what the test resolves. Each generation
+through ONNX Runtime costs ~1.5 ms (calls on these tiny graphs are overhead, not arithmetic).
 """
 
 from __future__ import annotations
@@ -69,7 +73,9 @@ from tests.distribution import (
 
 FAMILY, DRAFT = "qwen2", "noisy"
 PROMPT = "def add(a, b):"
-SAMPLES = 10_000
+SAMPLES = 2_000  # `make test`
+SLOW_SAMPLES = 10_000  # the slow set: the same grid, about 2.2x the resolution (w scales as 1 / sqrt(n))
+SIZES = [SAMPLES, pytest.param(SLOW_SAMPLES, marks=pytest.mark.slow)]
 P_FAIL = 1e-3
 SETTINGS = [SamplingParams(0.5), SamplingParams(1.0), SamplingParams(1.5), SamplingParams(1.0, top_k=5),
             SamplingParams(1.0, top_p=0.8)]
@@ -77,7 +83,7 @@ KS = [1, 3, 6]
 RAW = SamplingParams(1.0)  # no transform: q = softmax(raw draft logits)
 
 
-PartitionFor = Callable[[SamplingParams, int], ExactPartition]  # (params, length) -> exact bins
+PartitionFor = Callable[..., ExactPartition]  # (params, length, n=SAMPLES) -> exact bins for n samples
 
 
 def _id(params: SamplingParams) -> str:
@@ -112,14 +118,14 @@ def target_logits(pack_dirs: tuple[Path, Path, Path], prompt_ids: list[int]) -> 
 
 @pytest.fixture(scope="module")
 def exact(target_logits: TargetLogits, pack: Pack) -> PartitionFor:
-    """Exact partitions for SAMPLES samples, built once per (params, length) and shared by the tests."""
+    """Exact partitions for n samples, built once per (params, length, n) and shared by the tests."""
 
     @cache
-    def partition(params: SamplingParams, length: int) -> ExactPartition:
+    def partition(params: SamplingParams, length: int, n: int = SAMPLES) -> ExactPartition:
         def next_probs(prefixes: list[Continuation]) -> np.ndarray:
             return oracle.transform(target_logits(prefixes), params)  # [N, V]
 
-        return ExactPartition.build(next_probs, length, pack.eos_ids, SAMPLES)
+        return ExactPartition.build(next_probs, length, pack.eos_ids, n)
 
     return partition
 
@@ -283,7 +289,7 @@ def test_partitions_have_power(exact: PartitionFor) -> None:
         for k in KS:
             part = exact(params, k + 2)
             assert abs(sum(part.probs.values()) - 1.0) < 1e-9
-            assert sum(SAMPLES * p >= 5 for p in part.probs.values()) >= 10, (params, k)
+            assert sum(SAMPLES * p >= 5 for p in part.probs.values()) >= 10, (params, k)  # the smaller size
             assert sum(p for b, p in part.probs.items() if _depth(b) >= 2) > 0.5, (params, k)
 
 
@@ -310,13 +316,13 @@ def test_partition_agrees_with_full_enumeration(exact: PartitionFor, target_logi
     assert max(abs(sums[b] - part.probs[b]) for b in sums) < 1e-6
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("k", KS)
 @pytest.mark.parametrize("params", SETTINGS, ids=_id)
 def test_distribution_is_the_targets(pack: Pack, prompt_ids: list[int], exact: PartitionFor, params: SamplingParams,
-                                     k: int) -> None:
-    part = exact(params, k + 2)
-    samples = draw_samples(pack, pack.drafter, prompt_ids, params, k, _seed(params, k), decided=part.decided)
+                                     k: int, n: int) -> None:
+    part = exact(params, k + 2, n)
+    samples = draw_samples(pack, pack.drafter, prompt_ids, params, k, _seed(params, k), n=n, decided=part.decided)
     assert 0.2 < samples.alpha < 0.95, f"acceptance {samples.alpha:.3f}: the test would not exercise rejections"
     p = pvalue(part, samples)
     print(f"{_id(params)} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
@@ -343,40 +349,71 @@ def ngram_exact(pack_dirs: tuple[Path, Path, Path], ngram_prompt: list[int], pac
     logits = TargetLogits(pack_dirs[2], ngram_prompt)
 
     @cache
-    def partition(params: SamplingParams, length: int) -> ExactPartition:
+    def partition(params: SamplingParams, length: int, n: int = SAMPLES) -> ExactPartition:
         return ExactPartition.build(lambda prefixes: oracle.transform(logits(prefixes), params), length,
-                                    pack.eos_ids, SAMPLES)
+                                    pack.eos_ids, n)
 
     return partition
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("params", "k"), NGRAM_SETTINGS,
-                         ids=[f"{_id(p)}-k{'auto' if k is None else k}" for p, k in NGRAM_SETTINGS])
-def test_ngram_drafter_distribution_is_the_targets(pack: Pack, ngram_prompt: list[int], ngram_exact: PartitionFor,
-                                                   params: SamplingParams, k: int | None) -> None:
-    """Deterministic drafts (q one-hot) through the same verify graph; k None: adaptive k (acceptance alone)."""
+class MisplacedOneHot(NgramDrafter):
+    """Broken on purpose: prompt lookup's drafts with q one-hot on the next token id instead of the drafted one
+    (a deterministic proposal's q built wrong): u * q(x) = 0 < p(x), so every draft is accepted."""
+
+    def __init__(self, config: NgramConfig, vocab: int) -> None:
+        super().__init__(config)
+        self.vocab = vocab
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        proposal = super().propose(state, k)
+        q = np.zeros((1, proposal.k, self.vocab), np.float32)  # [1, k, V]
+        q[0, np.arange(proposal.k), (np.asarray(proposal.tokens) + 1) % self.vocab] = 1.0
+        return Proposal(tokens=proposal.tokens, q=q)
+
+
+def _ngram_samples(pack: Pack, prompt: list[int], part: ExactPartition, params: SamplingParams, k: int | None,
+                   n: int, drafter: NgramDrafter | None = None) -> Samples:
+    """n generations with prompt lookup (q one-hot) through the verify graph; k None: adaptive k."""
     k_max = pack.manifest.k_max
     steps = k_max if k is None else k
     policy: Callable[[], KPolicy] = (lambda: FixedK(steps)) if k is not None else (
         lambda: AdaptiveK(k_max, costs=PriorCosts(0.0)))
-    part = ngram_exact(params, steps + 2)
-    samples = draw_samples(pack, NgramDrafter(NGRAM_DRAFTER), ngram_prompt, params, steps, 77 + steps,
-                           decided=part.decided, policy=policy)
-    assert samples.proposed > SAMPLES and samples.accepted >= 100, (samples.proposed, samples.accepted)
+    return draw_samples(pack, drafter or NgramDrafter(NGRAM_DRAFTER), prompt, params, steps, 77 + steps, n=n,
+                        decided=part.decided, policy=policy)
+
+
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize(("params", "k"), NGRAM_SETTINGS,
+                         ids=[f"{_id(p)}-k{'auto' if k is None else k}" for p, k in NGRAM_SETTINGS])
+def test_ngram_drafter_distribution_is_the_targets(pack: Pack, ngram_prompt: list[int], ngram_exact: PartitionFor,
+                                                   params: SamplingParams, k: int | None, n: int) -> None:
+    """Deterministic drafts (q one-hot) through the same verify graph; k None: adaptive k (acceptance alone)."""
+    part = ngram_exact(params, (pack.manifest.k_max if k is None else k) + 2, n)
+    samples = _ngram_samples(pack, ngram_prompt, part, params, k, n)
+    assert samples.proposed > n and samples.accepted >= n // 100, (samples.proposed, samples.accepted)
     p = pvalue(part, samples)
-    print(f"ngram {_id(params)} k={k}: proposed={samples.proposed} alpha={samples.alpha:.3f} p={p:.4g}")
+    print(f"ngram {_id(params)} k={k} n={n}: proposed={samples.proposed} alpha={samples.alpha:.3f} p={p:.4g}")
     assert p > P_FAIL
+
+
+def test_ngram_catches_a_misplaced_one_hot(pack: Pack, ngram_prompt: list[int], ngram_exact: PartitionFor) -> None:
+    """The n-gram test above at its size and seed, with q one-hot on the wrong token: rejected."""
+    (params, k), = NGRAM_SETTINGS
+    part = ngram_exact(params, pack.manifest.k_max + 2)
+    broken = MisplacedOneHot(NGRAM_DRAFTER, pack.manifest.vocab_size)
+    samples = _ngram_samples(pack, ngram_prompt, part, params, k, SAMPLES, broken)
+    p = pvalue(part, samples)
+    print(f"ngram misplaced one-hot: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert samples.alpha > 0.99 and p < P_FAIL
 
 
 BROKEN = [(SamplingParams(0.5), 1), (SamplingParams(1.0, top_k=5), 1)]  # at T = 1 with no filter the bug is a no-op
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize(("params", "k"), BROKEN, ids=[f"{_id(p)}-k{k}" for p, k in BROKEN])
 def test_catches_q_taken_before_the_transform(pack: Pack, prompt_ids: list[int], exact: PartitionFor,
                                               params: SamplingParams, k: int) -> None:
-    """Same samples, same seed, same test as test_distribution_is_the_targets[params, k]: only q differs."""
+    """Same samples, same seed, same test as test_distribution_is_the_targets[params, k, SAMPLES]: only q differs."""
     part, broken = exact(params, k + 2), ShadowDraft(pack, RAW)
     try:
         samples = draw_samples(pack, drafter_over(broken), prompt_ids, params, k, _seed(params, k),

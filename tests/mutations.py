@@ -1,0 +1,84 @@
+"""Defects injected on purpose, so that each statistical test shows it can fail (docs/testing.md).
+
+Each mutation is a context manager that patches the numpy oracle (specpack/graphs/oracle.py), which the reference
+backend calls at run time; the graph builder's mutations are transforms passed to the head builders
+(tests/graphs/test_heads_trt.py). Exact distributions are computed before a mutation is entered, so the
+expected side stays the oracle's while the sampled side carries the defect.
+
+    q_before_transform   the draft reports q = softmax(raw logits) but draws from the transformed distribution
+                         (transformers #32867): acceptance ratios use the wrong q
+    residual_next_row    at a rejection at position n, the correction is drawn from max(0, p - q) of position n + 1
+    top_p_drops_ties     top-p keeps exactly the shortest sorted prefix reaching top_p, cutting a tie group at the
+                         cutoff (transformers' sort does; specpack keeps the whole group)
+    temperature_twice    logits divided by the temperature twice
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from specpack.graphs import oracle
+from specpack.sampling import SamplingParams
+
+F32 = np.float32
+_transform, _verify, _draft_step = oracle.transform, oracle.verify, oracle.draft_step
+
+
+def _q_before_transform_draft_step(logits: np.ndarray, u: float, params: SamplingParams) -> tuple[int, np.ndarray]:
+    token, _ = _draft_step(logits, u, params)
+    return token, _transform(np.asarray(logits, F32)[None], SamplingParams(1.0))[0]  # [V] q of the raw logits
+
+
+def _residual_next_row_verify(target_logits: np.ndarray, draft_tokens: np.ndarray, draft_probs: np.ndarray,
+                              uniforms: np.ndarray, params: SamplingParams) -> tuple[int, int]:
+    n, token = _verify(target_logits, draft_tokens, draft_probs, uniforms, params)
+    k = len(draft_tokens)
+    if params.greedy or n == k:
+        return n, token
+    p = _transform(np.asarray(target_logits, F32), params)  # [k+1, V]
+    q_ext = np.concatenate([np.asarray(draft_probs, F32).reshape(k, -1), np.zeros((1, p.shape[-1]), F32)])
+    residual = np.maximum(p[n + 1] - q_ext[n + 1], F32(0.0))  # [V] one row too far
+    return n, oracle.draw(residual if residual.max() > 0 else p[n + 1], float(np.asarray(uniforms)[k]))
+
+
+def _top_p_drops_ties_transform(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    probs = _transform(logits, params)  # [N, V]
+    if params.greedy or params.top_p >= 1.0:
+        return probs
+    x = np.asarray(logits, F32)
+    out = probs.copy()
+    for row, p in enumerate(probs):
+        kept = np.flatnonzero(p > 0)
+        lowest = x[row, kept].min()
+        tied = kept[x[row, kept] == lowest]  # the group at the cutoff, in token order
+        out[row, tied[1:]] = 0.0  # keep one of the tied tokens, as a sort-based cut does
+        out[row] /= out[row].sum()
+    return out
+
+
+def _temperature_twice_transform(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    if params.greedy:
+        return _transform(logits, params)
+    return _transform(np.asarray(logits, F32) / F32(params.temperature), params)
+
+
+_PATCHES: dict[str, tuple[str, Callable[..., object]]] = {
+    "q_before_transform": ("draft_step", _q_before_transform_draft_step),
+    "residual_next_row": ("verify", _residual_next_row_verify),
+    "top_p_drops_ties": ("transform", _top_p_drops_ties_transform),
+    "temperature_twice": ("transform", _temperature_twice_transform),
+}
+ORACLE_MUTATIONS = tuple(_PATCHES)
+
+
+@contextlib.contextmanager
+def oracle_mutation(name: str) -> Iterator[None]:
+    """The oracle with the defect `name` (ORACLE_MUTATIONS) for the duration of the block."""
+    attribute, replacement = _PATCHES[name]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(oracle, attribute, replacement)
+        yield

@@ -1,0 +1,105 @@
+"""Tiny models and packs built once per version of the code, shared by the test workers and by later runs.
+
+    store = BuildCache(root)                    root: the pytest cache (.pytest_cache/d/specpack-tiny)
+    store.get(("pack", "qwen2", ...), build)    -> a directory that build(dir) filled, built at most once
+
+Why it is safe to reuse what an earlier run built:
+- the key is the sha256 of every file that decides what is built (specpack/**/*.py, tests/tiny.py, this file,
+  tests/conftest.py) and of the versions of the libraries that build and write it, plus the build's arguments:
+  change any of them and the entry is another one (entries of other code versions are deleted at start);
+- an entry is built in a staging directory and renamed into place, under a file lock, so a worker never sees
+  half an entry and two workers never build the same one;
+- an entry records the sha256 of each of its files (`.files.json`); the first time a process hands it out,
+  every file is checked against it (a few MB of tiny weights: milliseconds). An entry that a test changed,
+  or a file added to it (the integrity stamp `.verified.json` aside), is deleted and built again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Hashable
+from importlib import metadata
+from pathlib import Path
+
+from filelock import FileLock
+
+_ROOT = Path(__file__).resolve().parent.parent
+_CODE = [*sorted((_ROOT / "specpack").rglob("*.py")), *(_ROOT / "tests" / name for name in (
+    "tiny.py", "tiny_cache.py", "conftest.py"))]
+_LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxscript", "onnxruntime", "numpy", "gguf",
+              "onnxruntime-genai", "nvidia-modelopt")
+LISTING = ".files.json"
+IGNORED = frozenset({LISTING, ".verified.json"})  # the runtime writes its stamp beside a pack's files
+
+
+def code_key() -> str:
+    """sha256 of the code and library versions that decide what a tiny build writes (16 hex digits)."""
+    h = hashlib.sha256(sys.version.encode())
+    for name in _LIBRARIES:
+        try:
+            h.update(f"{name}=={metadata.version(name)}\n".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{name} absent\n".encode())
+    for path in _CODE:
+        h.update(str(path.relative_to(_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _listing(root: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file under root but the ignored ones; symlinks are refused."""
+    out = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_symlink():
+            raise AssertionError(f"symlink in a cache entry: {path}")
+        if path.is_file() and path.name not in IGNORED:
+            out[str(path.relative_to(root))] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return out
+
+
+class BuildCache:
+    """Directories built by a function of their key, once per code version (the module docstring)."""
+
+    def __init__(self, root: Path) -> None:
+        self.code = code_key()
+        self.root = root
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.checked: set[str] = set()  # entries this process has checked
+        with FileLock(str(self.root / ".prune.lock")):
+            for old in self.root.iterdir():
+                if old.is_dir() and not old.name.startswith(self.code):
+                    shutil.rmtree(old, ignore_errors=True)
+                elif old.suffix == ".lock" and not old.name.startswith((self.code, ".prune")):
+                    old.unlink(missing_ok=True)
+
+    def get(self, key: tuple[Hashable, ...], build: Callable[[Path], object]) -> Path:
+        """The entry for key: checked once per process, built (build(dir) fills dir) if absent or changed."""
+        name = f"{self.code}-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}"
+        entry = self.root / name
+        if name in self.checked:
+            return entry
+        with FileLock(str(self.root / f"{name}.lock")):
+            if entry.is_dir() and not self._intact(entry):
+                shutil.rmtree(entry)
+            if not entry.is_dir():
+                stage = self.root / f".{name}.{os.getpid()}.{time.monotonic_ns()}"
+                stage.mkdir()
+                try:
+                    build(stage)
+                    (stage / LISTING).write_text(json.dumps(_listing(stage)))
+                    stage.rename(entry)
+                finally:
+                    shutil.rmtree(stage, ignore_errors=True)
+        self.checked.add(name)
+        return entry
+
+    @staticmethod
+    def _intact(entry: Path) -> bool:
+        try:
+            return json.loads((entry / LISTING).read_text()) == _listing(entry)
+        except (OSError, ValueError, AssertionError):
+            return False
