@@ -9,7 +9,7 @@ DEMO_PROMPT ?= def quicksort(arr):\n    """Sort a list of numbers in ascending o
 
 # pytest-xdist workers, each on a core of its own (tests/conftest.py); `make test WORKERS=0` runs in one process
 WORKERS ?= auto
-PYTEST := $(PY) -m pytest -q -n $(WORKERS)
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope
 
 .PHONY: install test test-slow test-all lint demo pack bench clean
 

@@ -9,7 +9,8 @@ Why it is safe to reuse what an earlier run built:
   change any of them and the entry is another one (entries of other code versions are deleted at start);
 - an entry is built in a staging directory and renamed into place, under a file lock, so a worker never sees
   half an entry and two workers never build the same one;
-- an entry records the sha256 of each of its files (`.files.json`); the first time a process hands it out,
+- an entry's listing (`<entry>.files.json`, beside it) records the sha256 of each of its files; the first time a
+  process hands it out,
   every file is checked against it (a few MB of tiny weights: milliseconds). An entry that a test changed,
   or a file added to it (the integrity stamp `.verified.json` aside), is deleted and built again.
 """
@@ -33,8 +34,7 @@ _CODE = [*sorted((_ROOT / "specpack").rglob("*.py")), *(_ROOT / "tests" / name f
     "tiny.py", "tiny_cache.py", "conftest.py"))]
 _LIBRARIES = ("torch", "transformers", "tokenizers", "onnx", "onnxscript", "onnxruntime", "numpy", "gguf",
               "onnxruntime-genai", "nvidia-modelopt")
-LISTING = ".files.json"
-IGNORED = frozenset({LISTING, ".verified.json"})  # the runtime writes its stamp beside a pack's files
+IGNORED = frozenset({".verified.json"})  # the runtime writes its stamp beside a pack's files
 
 
 def code_key() -> str:
@@ -71,26 +71,28 @@ class BuildCache:
         self.checked: set[str] = set()  # entries this process has checked
         with FileLock(str(self.root / ".prune.lock")):
             for old in self.root.iterdir():
-                if old.is_dir() and not old.name.startswith(self.code):
+                if old.name.startswith((self.code, ".prune")):
+                    continue
+                if old.is_dir():
                     shutil.rmtree(old, ignore_errors=True)
-                elif old.suffix == ".lock" and not old.name.startswith((self.code, ".prune")):
+                else:
                     old.unlink(missing_ok=True)
 
     def get(self, key: tuple[Hashable, ...], build: Callable[[Path], object]) -> Path:
         """The entry for key: checked once per process, built (build(dir) fills dir) if absent or changed."""
         name = f"{self.code}-{hashlib.sha256(repr(key).encode()).hexdigest()[:16]}"
-        entry = self.root / name
+        entry, listing = self.root / name, self.root / f"{name}.files.json"
         if name in self.checked:
             return entry
         with FileLock(str(self.root / f"{name}.lock")):
-            if entry.is_dir() and not self._intact(entry):
+            if entry.is_dir() and not self._intact(entry, listing):
                 shutil.rmtree(entry)
             if not entry.is_dir():
-                stage = self.root / f".{name}.{os.getpid()}.{time.monotonic_ns()}"
+                stage = self.root / f"{self.code}.stage.{os.getpid()}.{time.monotonic_ns()}"
                 stage.mkdir()
                 try:
                     build(stage)
-                    (stage / LISTING).write_text(json.dumps(_listing(stage)))
+                    listing.write_text(json.dumps(_listing(stage)))
                     stage.rename(entry)
                 finally:
                     shutil.rmtree(stage, ignore_errors=True)
@@ -98,8 +100,8 @@ class BuildCache:
         return entry
 
     @staticmethod
-    def _intact(entry: Path) -> bool:
+    def _intact(entry: Path, listing: Path) -> bool:
         try:
-            return json.loads((entry / LISTING).read_text()) == _listing(entry)
+            return json.loads(listing.read_text()) == _listing(entry)
         except (OSError, ValueError, AssertionError):
             return False

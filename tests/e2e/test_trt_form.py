@@ -117,16 +117,23 @@ def test_greedy_equals_target_generate(trt_pack: Callable[[Pair], tuple[Path, Pa
             assert loop.generate(prompt, 30, k, SamplingParams(0.0)) == ref, (prompt, k)
 
 
-@pytest.mark.parametrize("params", SETTINGS, ids=["T1-p0.8", "T1", "T0.5-k5"])
-def test_sampling_matches_target_distribution(trt_pack: Callable[[Pair], tuple[Path, Path]],
-                                              params: SamplingParams) -> None:
-    """SAMPLES continuations of K + 2 tokens (so the first step verifies K drafts), binned by their first
-    LENGTH tokens, against exact probabilities from the target's transformers model and the oracle."""
+class MisalignedQ(StaticPackLoop):
+    """Broken on purpose: q's rows one draft late (row i holds the distribution draft i + 1 was drawn from), as a
+    loop that writes each step's q one row off would pass it to the verify."""
+
+    def _propose(self, ids: list[int], k: int, sampling: dict[str, np.ndarray], rng: np.random.Generator
+                 ) -> tuple[list[int], np.ndarray]:
+        drafts, q = super()._propose(ids, k, sampling, rng)  # q [1, k, V]
+        return drafts, np.concatenate([q[:, 1:], q[:, -1:]], axis=1)
+
+
+def _trt_form_pvalue(pack: Path, target_dir: Path, params: SamplingParams, loop_type: type[StaticPackLoop]) -> float:
+    """SAMPLES continuations of K + 2 tokens (so the first step verifies K drafts), binned by their first LENGTH
+    tokens, against exact probabilities from the target's transformers model and the oracle: chi-square p."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    pack, target_dir = trt_pack(PAIRS[0])
-    loop = StaticPackLoop(pack)
+    loop = loop_type(pack)
     prompt = PROMPTS[1]
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
 
@@ -138,8 +145,21 @@ def test_sampling_matches_target_distribution(trt_pack: Callable[[Pair], tuple[P
 
     partition = ExactPartition.build(next_probs, LENGTH, frozenset(loop.eos), SAMPLES)
     bins = [partition.bin_of(tuple(loop.generate(prompt, K + 2, K, params, seed=i)[:LENGTH])) for i in range(SAMPLES)]
-    p_value = chi_square_pvalue(bins, partition.probs)
+    return chi_square_pvalue(bins, partition.probs)
+
+
+@pytest.mark.parametrize("params", SETTINGS, ids=["T1-p0.8", "T1", "T0.5-k5"])
+def test_sampling_matches_target_distribution(trt_pack: Callable[[Pair], tuple[Path, Path]],
+                                              params: SamplingParams) -> None:
+    p_value = _trt_form_pvalue(*trt_pack(PAIRS[0]), params, StaticPackLoop)
     assert p_value > P_FAIL, f"chi-square p = {p_value:.2e}"
+
+
+def test_sampling_test_catches_a_misaligned_q(trt_pack: Callable[[Pair], tuple[Path, Path]]) -> None:
+    """The chi-square above, at its size and seeds, on a loop that passes q one row off: rejected."""
+    p_value = _trt_form_pvalue(*trt_pack(PAIRS[0]), SETTINGS[0], MisalignedQ)
+    print(f"misaligned q: p = {p_value:.3g}")
+    assert p_value < P_FAIL, f"chi-square p = {p_value:.2e}"
 
 
 def test_form_options_are_checked() -> None:

@@ -10,6 +10,7 @@ bisection paths (top_k beyond the candidates, top-p mass beyond them) run on the
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 
 from specpack.graphs import heads, oracle, sampling_graph, sampling_trt
 from specpack.graphs.heads import Transform
-from specpack.graphs.onnx_builder import GraphBuilder, Value
+from specpack.graphs.onnx_builder import INT64_MAX, GraphBuilder, Value
 from specpack.sampling import SamplingParams
 from tests.distribution import chi_square_pvalue
 from tests.graphs.trt_ops import problems, walk_nodes
@@ -137,16 +138,43 @@ def _exact_outcomes(case: VerifyCase) -> dict[tuple[int, int], float]:
     return out
 
 
-# (TopK limit, params, samples): with 16 candidates the bisections run (a Loop of 64 steps: ~4 ms a run here)
+# (TopK limit, params, samples): with 16 candidates the bisections run (a Loop of 64 steps: ~4 ms a run here).
+# Power: (n, next) falls in 34-85 bins (27-71 at 4,000 draws); a test detects Cohen's w >= 0.08-0.10 at 10,000
+# draws (0.13-0.15 at 4,000) with 99 % power at P_FAIL (tests/distribution.py, detectable_effect); GRAPH_MUTATIONS below are
+# rejected at these very sizes and seeds.
 CHI_SQUARE_CASES = [*((sampling_trt.TOPK_LIMIT, p, 10_000) for p in SETTINGS), (16, SETTINGS[1], 4000),
                     (16, SETTINGS[3], 4000)]
 
 
-@pytest.mark.parametrize(("limit", "params", "samples"), CHI_SQUARE_CASES,
-                         ids=[f"K{c[0]}-T{c[1].temperature:g}-k{c[1].top_k}-p{c[1].top_p:g}" for c in CHI_SQUARE_CASES])
-def test_verify_head_sampling_chi_square(limit: int, params: SamplingParams, samples: int) -> None:
-    """Verify runs with fresh uniforms on one case: (n, next) against the exact distribution."""
-    session = _session(heads.verify_head_model(transform=_transform(limit)))
+def _temperature_twice(inner: Transform) -> Transform:
+    """A defect of the graph builder: the logits divided by the temperature before the transform divides again."""
+
+    def transform(b: GraphBuilder, logits: Value, t: Value, k: Value, p: Value, vocab: int | None) -> Value:
+        return inner(b, b.op("Div", logits, t), t, k, p, vocab)
+
+    return transform
+
+
+def _rows_shifted(inner: Transform) -> Transform:
+    """A defect of the graph builder: the target's distribution read one position late (p_{i+1} tests draft i)."""
+
+    def transform(b: GraphBuilder, logits: Value, t: Value, k: Value, p: Value, vocab: int | None) -> Value:
+        probs = inner(b, logits, t, k, p, vocab)  # [k+1, V]
+        return b.op("Concat", b.slice(probs, 1, INT64_MAX, axis=0), b.slice(probs, -1, INT64_MAX, axis=0), axis=0)
+
+    return transform
+
+
+GRAPH_MUTATIONS: dict[str, Callable[[Transform], Transform]] = {"temperature_twice": _temperature_twice,
+                                                                "rows_shifted": _rows_shifted}
+
+
+def _verify_head_pvalue(limit: int, params: SamplingParams, samples: int,
+                        mutation: Callable[[Transform], Transform] | None = None) -> tuple[float, set[int]]:
+    """Verify runs with fresh uniforms on one case: chi-square p of (n, next) against the exact distribution, and
+    the n seen. `mutation` builds the head with a defect; the case, its draws and the exact side stay the same."""
+    transform = _transform(limit) if mutation is None else mutation(_transform(limit))
+    session = _session(heads.verify_head_model(transform=transform))
     rng = np.random.default_rng(5)
     vocab, k = 60, 3
     target = (rng.standard_normal((k + 1, vocab)) * 1.5).astype(F32)  # [k+1, V]
@@ -159,6 +187,24 @@ def test_verify_head_sampling_chi_square(limit: int, params: SamplingParams, sam
     for u in rng.random((samples, 1, k + 1), dtype=F32):
         n, next_token = session.run(["n_accepted", "next_token"], {**feeds, "uniforms": u})
         outcomes[(int(n[0]), int(next_token[0]))] += 1
-    p_value = chi_square_pvalue(list(outcomes.elements()), _exact_outcomes(case))
+    return chi_square_pvalue(list(outcomes.elements()), _exact_outcomes(case)), {n for n, _ in outcomes}
+
+
+@pytest.mark.parametrize(("limit", "params", "samples"), CHI_SQUARE_CASES,
+                         ids=[f"K{c[0]}-T{c[1].temperature:g}-k{c[1].top_k}-p{c[1].top_p:g}" for c in CHI_SQUARE_CASES])
+def test_verify_head_sampling_chi_square(limit: int, params: SamplingParams, samples: int) -> None:
+    """Verify runs with fresh uniforms on one case: (n, next) against the exact distribution."""
+    p_value, seen = _verify_head_pvalue(limit, params, samples)
     assert p_value > P_FAIL, f"chi-square p = {p_value:.2e}"
-    assert len({n for n, _ in outcomes}) > 1, "every draw ended at the same n: the acceptance test went untested"
+    assert len(seen) > 1, "every draw ended at the same n: the acceptance test went untested"
+
+
+MUTATION_CASES = [(name, CHI_SQUARE_CASES[i]) for name in GRAPH_MUTATIONS for i in (1, 4)]
+
+
+@pytest.mark.parametrize(("mutation", "case"), MUTATION_CASES,
+                         ids=[f"{m}-K{c[0]}-T{c[1].temperature:g}" for m, c in MUTATION_CASES])
+def test_verify_head_chi_square_catches_graph_defects(mutation: str, case: tuple[int, SamplingParams, int]) -> None:
+    """test_verify_head_sampling_chi_square's own case, draws and size, on a head built with a defect: rejected."""
+    p_value, _ = _verify_head_pvalue(*case, mutation=GRAPH_MUTATIONS[mutation])
+    assert p_value < P_FAIL, f"{mutation}: chi-square p = {p_value:.2e}"
