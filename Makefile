@@ -7,9 +7,11 @@ SPECPACK_CACHE ?= $(HOME)/.cache/specpack
 DEMO_PACK ?= $(SPECPACK_CACHE)/packs/qwen2.5-coder-0.5b-1.5b
 DEMO_PROMPT ?= def quicksort(arr):\n    """Sort a list of numbers in ascending order."""\n
 
-# pytest-xdist workers, each on a core of its own (tests/conftest.py); `make test WORKERS=0` runs in one process
+# pytest-xdist workers, each on a core of its own (tests/conftest.py); `make test WORKERS=0` runs in one process;
+# PYTEST_ARGS: more pytest options (e.g. "--durations=30", or "-k NAME")
 WORKERS ?= auto
-PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope
+PYTEST_ARGS ?=
+PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 .PHONY: install test test-slow test-all lint demo pack bench clean
 

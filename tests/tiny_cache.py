@@ -13,6 +13,8 @@ Why it is safe to reuse what an earlier run built:
   process hands it out,
   every file is checked against it (a few MB of tiny weights: milliseconds). An entry that a test changed,
   or a file added to it (the integrity stamp `.verified.json` aside), is deleted and built again.
+
+Every build's time and key is appended to `<code>.builds.log` in the cache: docs/testing.md's fixture table.
 """
 
 from __future__ import annotations
@@ -91,7 +93,10 @@ class BuildCache:
                 stage = self.root / f"{self.code}.stage.{os.getpid()}.{time.monotonic_ns()}"
                 stage.mkdir()
                 try:
+                    began = time.perf_counter()
                     build(stage)
+                    with (self.root / f"{self.code}.builds.log").open("a") as log:  # where fixture time goes
+                        log.write(f"{time.perf_counter() - began:.1f}s {key!r}\n")
                     listing.write_text(json.dumps(_listing(stage)))
                     stage.rename(entry)
                 finally:
