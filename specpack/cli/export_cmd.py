@@ -18,7 +18,6 @@ from specpack.export.config import (
     K_MIN,
     QUANTIZE_CHOICES,
     ExportConfig,
-    default_kv_cache,
 )
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES
 
@@ -86,8 +85,7 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
     """Export a draft/target pair (or a target alone, --drafter ngram) to a speculative-decoding pack."""
     from specpack.export.pipeline import export_pack
 
-    kv_cache = kv_cache or default_kv_cache(form, graphs)
-    config = ExportConfig(k=k, max_len=max_len, dtype=dtype, kv_cache=kv_cache, attention=attention, form=form,
+    config = ExportConfig(k=k, max_len=max_len, dtype=dtype, kv_cache=kv_cache or "", attention=attention, form=form,
                           graphs=graphs, execution_provider=execution_provider,
                           drafter=drafter, overwrite=overwrite, quantize_draft=quantize_draft,
                           quantize_target=quantize_target, dequantize=dequantize, fidelity=not no_fidelity,

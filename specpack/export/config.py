@@ -29,7 +29,7 @@ class ExportConfig:
     k: int = DEFAULT_K                # the pack's k_max: drafts per step, at most
     max_len: int | None = None        # prompt + generated tokens; None: min(2048, both position limits)
     dtype: str = "fp32"
-    kv_cache: str = DEFAULT_KV_CACHE  # "concat" or "static" (graph_form.py)
+    kv_cache: str = ""                # "concat" or "static" (graph_form.py); "": default_kv_cache(form, graphs)
     attention: str = "auto"           # "auto", "gqa" or "standard"; auto: gqa for a static cache if head_dim allows
     form: str = "onnxruntime"         # "tensorrt": TensorRT's ops in the heads, static cache, standard attention
     overwrite: bool = False           # replace an existing pack at the output path
@@ -50,6 +50,8 @@ class ExportConfig:
     execution_provider: str = "cpu"   # "cpu" or "cuda": what the builder builds for (--graphs builder only)
 
     def __post_init__(self) -> None:
+        if not self.kv_cache:  # the defaults are applied here, for the API and the CLI alike
+            object.__setattr__(self, "kv_cache", default_kv_cache(self.form, self.graphs))
         check_export_k(self.k)
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
             raise SpecpackError("invalid --max-len", expected="an integer >= 2", found=repr(self.max_len))

@@ -173,6 +173,14 @@ def test_form_options_are_checked() -> None:
         "static KV cache, standard attention, TensorRT heads"
 
 
+def test_export_config_applies_its_own_defaults() -> None:
+    """The API's ExportConfig takes the CLI's defaults: the static cache where the form or the builder needs it."""
+    assert ExportConfig(form="tensorrt").kv_cache == "static"
+    assert ExportConfig(graphs="builder").kv_cache == "static"
+    assert ExportConfig().kv_cache == "concat"
+    assert ExportConfig(kv_cache="static").kv_cache == "static"
+
+
 def test_cli_form_tensorrt_implies_the_static_cache(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
     from click.testing import CliRunner
 
