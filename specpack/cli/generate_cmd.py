@@ -58,7 +58,8 @@ def _print_piece(text: str) -> None:
 @click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 disables.")
 @click.option("--seed", type=int, default=None, help="Seed of the uniforms (sampling only).")
 @click.option("--device", default="cpu", show_default=True, help="Backend: cpu, cuda, reference or tensorrt.")
-@click.option("--threads", type=int, default=None, help="Intra-op threads per session (default: ONNX Runtime's).")
+@click.option("--threads", type=int, default=None,
+              help="Intra-op threads per session (default: one per core, or per CPU the process's affinity allows).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object {tokens, text, finish_reason, stats} and nothing else.")
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)

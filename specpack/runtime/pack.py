@@ -51,7 +51,8 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | No
     """Open a pack: check every file against the manifest, then load the tokenizer and the backend.
 
     device: a registered backend ("cpu", "cuda", "reference"; runtime/backend.py). threads: intra-op threads
-    per session (None: ONNX Runtime's default). The draft model is opened on its first use.
+    per session (None: ONNX Runtime's default, or the CPUs the process's affinity allows: ort_session.py). The
+    draft model is opened on its first use.
     `manifest_sha256` (printed by `specpack inspect`) pins the pack: any other manifest is refused.
     `ngram`: the n-gram drafter's n range (default NgramConfig()).
     """
