@@ -333,15 +333,19 @@ NGRAM_SETTINGS = [(SamplingParams(1.0), None)]  # one setting: ~2 minutes on the
 NGRAM_DRAFTER = NgramConfig(n_min=1, n_max=4)
 
 
-@pytest.fixture(scope="module")
-def ngram_prompt(pack: Pack, pack_dirs: tuple[Path, Path, Path], prompt_ids: list[int]) -> list[int]:
+def build_ngram_prompt(pack: Pack, target_dir: Path, prompt_ids: list[int]) -> list[int]:
     """[B[-3:], a, greedy(B + a)] for the 3 likeliest next tokens a, then B (the module docstring)."""
     body = [*prompt_ids, *pack.generate(prompt_ids, 160, k=0).tokens]
-    likeliest = np.argsort(TargetLogits(pack_dirs[2], body)([()])[0])[::-1][:3]  # [3] next tokens after B
+    likeliest = np.argsort(TargetLogits(target_dir, body)([()])[0])[::-1][:3]  # [3] next tokens after B
     prefix = []
     for a in likeliest.tolist():
         prefix += [*body[-3:], a, *pack.generate([*body, a], 8, k=0).tokens]
     return [*prefix, *body]
+
+
+@pytest.fixture(scope="module")
+def ngram_prompt(pack: Pack, pack_dirs: tuple[Path, Path, Path], prompt_ids: list[int]) -> list[int]:
+    return build_ngram_prompt(pack, pack_dirs[2], prompt_ids)
 
 
 @pytest.fixture(scope="module")
@@ -371,7 +375,7 @@ class MisplacedOneHot(NgramDrafter):
         return Proposal(tokens=proposal.tokens, q=q)
 
 
-def _ngram_samples(pack: Pack, prompt: list[int], part: ExactPartition, params: SamplingParams, k: int | None,
+def ngram_samples(pack: Pack, prompt: list[int], part: ExactPartition, params: SamplingParams, k: int | None,
                    n: int, drafter: NgramDrafter | None = None) -> Samples:
     """n generations with prompt lookup (q one-hot) through the verify graph; k None: adaptive k."""
     k_max = pack.manifest.k_max
@@ -389,7 +393,7 @@ def test_ngram_drafter_distribution_is_the_targets(pack: Pack, ngram_prompt: lis
                                                    params: SamplingParams, k: int | None, n: int) -> None:
     """Deterministic drafts (q one-hot) through the same verify graph; k None: adaptive k (acceptance alone)."""
     part = ngram_exact(params, (pack.manifest.k_max if k is None else k) + 2, n)
-    samples = _ngram_samples(pack, ngram_prompt, part, params, k, n)
+    samples = ngram_samples(pack, ngram_prompt, part, params, k, n)
     assert samples.proposed > n and samples.accepted >= n // 100, (samples.proposed, samples.accepted)
     p = pvalue(part, samples)
     print(f"ngram {_id(params)} k={k} n={n}: proposed={samples.proposed} alpha={samples.alpha:.3f} p={p:.4g}")
@@ -401,7 +405,7 @@ def test_ngram_catches_a_misplaced_one_hot(pack: Pack, ngram_prompt: list[int], 
     (params, k), = NGRAM_SETTINGS
     part = ngram_exact(params, pack.manifest.k_max + 2)
     broken = MisplacedOneHot(NGRAM_DRAFTER, pack.manifest.vocab_size)
-    samples = _ngram_samples(pack, ngram_prompt, part, params, k, SAMPLES, broken)
+    samples = ngram_samples(pack, ngram_prompt, part, params, k, SAMPLES, broken)
     p = pvalue(part, samples)
     print(f"ngram misplaced one-hot: alpha={samples.alpha:.3f} p={p:.4g}")
     assert samples.alpha > 0.99 and p < P_FAIL

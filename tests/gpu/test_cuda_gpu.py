@@ -3,7 +3,9 @@ CUDA execution provider is missing; run on the test GPU (bench/README.md, "GPU")
 
     greedy    speculative tokens (k = 1, 4, 8, auto) == the target alone (k = 0) on the same GPU, for an fp32 pack (standard
               attention) and an fp16 pack (GroupQueryAttention, whose greedy sessions must capture CUDA graphs)
-    sampling  chi-square of speculative samples against the target's exact distribution (tests/e2e's partitions)
+    sampling  chi-square of speculative samples against the target's exact distribution (tests/e2e's partitions), at
+              the slow set's 10,000 samples, with the model drafter and with prompt lookup; the latter also with the
+              backend's one-hot q of deterministic drafts misplaced, which the same test must reject
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def sampling_dirs(tiny_pack) -> tuple[Path, Path, Path]:
 def test_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: tuple[Path, Path, Path],
                                                           params: SamplingParams) -> None:
     from tests.distribution import ExactPartition, chi_square_pvalue
-    from tests.e2e.test_sampling_distribution import P_FAIL, SAMPLES, TargetLogits, draw_samples
+    from tests.e2e.test_sampling_distribution import P_FAIL, SLOW_SAMPLES, TargetLogits, draw_samples
 
     pack: Pack = specpack.load(sampling_dirs[0], device="cuda")
     prompt = pack.encode("def add(a, b):")
@@ -76,13 +78,52 @@ def test_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: tuple[P
     @cache
     def partition(length: int) -> ExactPartition:
         return ExactPartition.build(lambda prefixes: oracle.transform(logits(prefixes), params), length,
-                                    pack.eos_ids, SAMPLES)
+                                    pack.eos_ids, SLOW_SAMPLES)
 
     part = partition(k + 2)
-    samples = draw_samples(pack, pack.drafter, prompt, params, k, seed=11, decided=part.decided)
+    samples = draw_samples(pack, pack.drafter, prompt, params, k, seed=11, n=SLOW_SAMPLES, decided=part.decided)
     p = chi_square_pvalue([part.bin_of(s) for s in samples.continuations], part.probs)
     print(f"cuda T={params.temperature} top_p={params.top_p} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
     assert 0.2 < samples.alpha < 0.95
     assert p > P_FAIL
 
 
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["honest", "misplaced-one-hot"])
+def test_ngram_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: tuple[Path, Path, Path], broken: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prompt lookup (q one-hot, built on the device) through the cuda backend; broken: the one-hot rows put on the
+    next token id instead of the drafted one (the defect class of a deterministic proposal's q), which the same
+    test, at the same size and seed, must reject."""
+    from specpack.runtime.backends.cuda import DeviceTarget
+    from specpack.runtime.state import Proposal
+    from tests.distribution import ExactPartition, chi_square_pvalue
+    from tests.e2e.test_sampling_distribution import (
+        NGRAM_SETTINGS,
+        P_FAIL,
+        SAMPLES,
+        TargetLogits,
+        build_ngram_prompt,
+        ngram_samples,
+    )
+
+    pack: Pack = specpack.load(sampling_dirs[0], device="cuda")
+    prompt = build_ngram_prompt(pack, sampling_dirs[2], pack.encode("def add(a, b):"))
+    (params, k), = NGRAM_SETTINGS
+    logits = TargetLogits(sampling_dirs[2], prompt)
+    part = ExactPartition.build(lambda prefixes: oracle.transform(logits(prefixes), params), pack.manifest.k_max + 2,
+                                pack.eos_ids, SAMPLES)
+    if broken:
+        upload = DeviceTarget._upload_one_hot
+        vocab = pack.manifest.vocab_size
+
+        def misplaced(self: DeviceTarget, slot: int, proposal: Proposal) -> object:
+            return upload(self, slot, Proposal(tokens=(np.asarray(proposal.tokens) + 1) % vocab, q=None))
+
+        monkeypatch.setattr(DeviceTarget, "_upload_one_hot", misplaced)
+    samples = ngram_samples(pack, prompt, part, params, k, SAMPLES)
+    p = chi_square_pvalue([part.bin_of(s) for s in samples.continuations], part.probs)
+    print(f"cuda ngram {'misplaced one-hot' if broken else 'honest'}: proposed={samples.proposed} "
+          f"alpha={samples.alpha:.3f} p={p:.4g}")
+    assert (p < P_FAIL) if broken else (p > P_FAIL and samples.accepted >= SAMPLES // 100)
