@@ -57,7 +57,8 @@ def model(dtype: int) -> onnx.ModelProto:
                helper.make_tensor_value_info("present_key", f, [1, KV_HEADS, TOTAL, HEAD]),
                helper.make_tensor_value_info("present_value", f, [1, KV_HEADS, TOTAL, HEAD])]
     graph = helper.make_graph([node], "gqa_bias", inputs, outputs)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+    return helper.make_model(graph, ir_version=10,
+                             opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
 
 
 def reference(feeds: dict[str, np.ndarray]) -> np.ndarray:
