@@ -36,6 +36,7 @@ test-all: install
 
 lint: install
 	$(VENV)/bin/ruff check specpack tests bench tools
+	$(VENV)/bin/lint-imports  # the layering (docs/architecture.md, "Layers, enforced")
 	$(PY) tools/tensorrt_stubs.py
 	$(VENV)/bin/mypy
 
