@@ -21,6 +21,7 @@ import numpy as np
 
 from specpack import names
 from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.errors import SpecpackError
 from specpack.graphs import oracle
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
@@ -124,20 +125,34 @@ class ReferenceBackend:
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> ReferenceBackend:
     """The reference backend over a pack: its graphs' logits, recomputed over the whole prefix every call."""
     m = manifest
-    return ReferenceBackend(pack_logits(path, m.target, m.vocab_size, options.threads),
-                            lambda: pack_logits(path, m.draft, m.vocab_size, options.threads), m.vocab_size,
-                            m.k_max, options.slots)
+    if static := [f"{role}: {entry.graph.kv_cache} KV cache" for role, entry in m.models()
+                  if entry.graph.kv_cache != "concat"]:
+        raise SpecpackError("the reference backend runs concat-cache packs only",
+                            expected="a pack exported with --kv-cache concat (the default)",
+                            found=", ".join(static),
+                            hint="check this pack with --device cpu, or export a concat-cache pack for the reference")
+    verified = manifest if options.verified_reads else None
+    backend = ReferenceBackend(pack_logits(path, m.target, m.vocab_size, options.threads, verified),
+                               lambda: pack_logits(path, m.draft, m.vocab_size, options.threads, verified),
+                               m.vocab_size, m.k_max, options.slots)
+    if verified is not None and m.draft_model is not None:  # pinned: every graph opens at load
+        backend.draft()
+    return backend
 
 
-def pack_logits(path: Path, entry: ModelEntry, vocab_size: int, threads: int | None) -> LogitsFn:
-    """A LogitsFn over one pack graph: no past (L = 0), every position fed; the head's inputs get zeros."""
+def pack_logits(path: Path, entry: ModelEntry, vocab_size: int, threads: int | None,
+                verified: Manifest | None = None) -> LogitsFn:
+    """A LogitsFn over one pack graph: no past (L = 0), every position fed; the head's inputs get zeros.
+    `verified`: the pinned manifest, whose files are read as bytes and hashed as they are read."""
     import onnxruntime as ort
 
+    from specpack.deploy.verified_read import graph_bytes
     from specpack.graphs.logits_output import with_logits_output
     from specpack.limits import numpy_dtype
     from specpack.runtime.ort_session import session_options
 
-    session = ort.InferenceSession(with_logits_output(path / entry.graph.path, entry.dtype),
+    source = graph_bytes(path, verified, entry.graph) if verified is not None else None
+    session = ort.InferenceSession(with_logits_output(path / entry.graph.path, entry.dtype, source),
                                    sess_options=session_options(threads), providers=["CPUExecutionProvider"])
     wanted = {i.name for i in session.get_inputs()}
     empty = np.zeros((1, entry.kv_heads, 0, entry.head_dim), numpy_dtype(entry.dtype))  # [1, H, 0, D]
