@@ -52,7 +52,10 @@ def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, dr
     except ImportError as err:
         raise SpecpackError("`specpack serve` needs the serve extra", expected="starlette, uvicorn, prometheus-client",
                             found=f"{err.name} is not installed", hint="pip install 'specpack[serve]'") from err
-    serve(config, None if manifest_sha256 is None else _load_pinned(config, manifest_sha256))
+    if manifest_sha256 is None:
+        serve(config)  # the server loads the pack itself
+    else:
+        serve(config, _load_pinned(config, manifest_sha256))
 
 
 def _load_pinned(config: ServeConfig, manifest_sha256: str) -> Any:

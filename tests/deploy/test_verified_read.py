@@ -101,9 +101,17 @@ def test_graph_bytes_never_fall_back_to_files_on_disk(pack: Path, monkeypatch: p
         OrtGraph(GraphBytes(verified.name, verified.model, {}))
 
 
-def test_serve_takes_the_pin(pack: Path) -> None:
+def test_serve_takes_the_pin(pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     result = CliRunner().invoke(cli, ["serve", str(pack), "--port", "0", "--manifest-sha256", "0" * 64])
     assert result.exit_code == 2 and "pinned" in result.output and "Traceback" not in result.output
+    import specpack.serve.server as server
+
+    served: list[object] = []
+    monkeypatch.setattr(server, "serve", lambda config, loaded=None: served.append(loaded))
+    result = CliRunner().invoke(cli, ["serve", str(pack), "--manifest-sha256", manifest_sha256(pack)])
+    assert result.exit_code == 0 and isinstance(served[0], specpack.Pack), result.output
+    assert served[0].backend.draft_loaded  # type: ignore[attr-defined]  # pinned: every graph opened at load
+    served[0].close()
 
 
 def test_stamp_that_is_a_directory_is_ignored(pack: Path) -> None:
