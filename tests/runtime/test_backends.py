@@ -144,3 +144,11 @@ def test_a_bf16_pack_is_refused_on_the_cpu_with_its_reason(tiny_pack) -> None:
         open_backend("cpu", pack_dir, bf16, BackendOptions())
     assert "bf16 target graphs" in str(err.value) and "--device cuda" in str(err.value)
     assert "specpack verify" not in str(err.value)
+
+
+def test_a_static_pack_runs_on_the_reference_device(trt_pack: Path) -> None:
+    """The issue's finding: a legitimate static-cache pack failed on --device reference with a raw ScatterND error."""
+    ref, cpu = specpack.load(trt_pack, device="reference", threads=1), specpack.load(trt_pack, threads=1)
+    for k, sampling in ((0, {}), (3, {}), (2, {"temperature": 0.8, "seed": 3})):
+        assert ref.generate("def add(a, b):", 10, k=k, **sampling).tokens == \
+            cpu.generate("def add(a, b):", 10, k=k, **sampling).tokens, (k, sampling)

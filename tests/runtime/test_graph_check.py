@@ -36,7 +36,3 @@ def test_a_static_pack_said_to_be_concat_is_refused(trt_pack: Path, tmp_path: Pa
         specpack.load(pack)
     assert "a static-cache graph" in str(err.value)
 
-
-def test_a_static_pack_on_the_reference_device_is_refused(trt_pack: Path) -> None:
-    with pytest.raises(SpecpackError, match="concat-cache packs only"):
-        specpack.load(trt_pack, device="reference")
