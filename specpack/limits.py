@@ -19,6 +19,8 @@ DRAFTERS = ("model", "ngram")  # who drafts: the pack's draft model, or prompt l
 DEFAULT_MAX_LEN = 2048     # spec-export's default max length (capped by the models' position limits)
 DTYPES = ("fp32", "fp16", "bf16")  # graph dtypes spec-export writes (fp16 / bf16 for GPUs; heads compute in fp32)
 NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # a graph dtype -> its KV cache's host dtype
+PROMPT_FILE_BYTES = 4 << 20    # generate --prompt-file: 262,144 tokens (the largest max_len) are about 1 MiB of text
+PROMPT_SET_BYTES = 64 << 20    # one bench --prompts file, after decompression (Spec-Bench's is 0.7 MB)
 
 
 def check_export_k(k: object) -> int:

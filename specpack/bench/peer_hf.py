@@ -4,7 +4,8 @@
     python -m specpack.bench.peer_hf peer IN.json OUT.json   generate() and assisted generation on the prompts
 
 The parent side (`logit_gaps`, `run_hf_peer`) imports neither torch nor transformers; the model dirs are the
-`resolved` paths of the manifest's source records. Missing dirs or packages give a note, not an error.
+`resolved` paths of the manifest's source records, used only when their files match the sha256 recorded at export
+(`source_mismatch`). Missing dirs or packages, or other models, give a note, not an error.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack.bench.memory import peak_rss_kb
+from specpack.hashing import sha256_file
 
 if TYPE_CHECKING:
     from specpack.bench.runner import BenchRun
@@ -73,6 +75,25 @@ def _unavailable(model_dir: str | None) -> str | None:
         return "the manifest records no resolved source directory"
     if not (Path(model_dir) / "config.json").is_file():
         return f"the source model directory {model_dir} is not here"
+    return None
+
+
+def source_mismatch(record: Mapping[str, Any]) -> str | None:
+    """Why the model at a source record's `resolved` dir is not the one the pack was exported from (a file missing
+    or not of its recorded sha256), or None (also when the dir is not here: `_unavailable` says so)."""
+    model_dir, files = record.get("resolved"), record.get("files") or {}
+    if not model_dir or not (Path(model_dir) / "config.json").is_file():
+        return None
+    if not files:
+        return f"{model_dir}: the manifest records no sha256 of its files"
+    for name, digest in sorted(files.items()):
+        path = Path(model_dir) / name
+        if name.endswith(".gguf") and not path.exists():
+            continue  # the GGUF file a converted dir came from, recorded too; the dir's own files are checked
+        if not path.is_file():
+            return f"{model_dir}: {name} is missing"
+        if sha256_file(path) != digest:
+            return f"{model_dir}: {name} is not the file the pack was exported from (sha256 differs)"
     return None
 
 

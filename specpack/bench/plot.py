@@ -19,7 +19,8 @@ from specpack.errors import SpecpackError
 MEASURED, PREDICTED, AR = "#2b6cb0", "#a0aec0", "#dd6b20"
 
 
-def plot_report(report: dict[str, Any], out: Path) -> Path:
+def require_matplotlib() -> Any:
+    """matplotlib.pyplot on the Agg backend; a SpecpackError when matplotlib is missing (checked before a run)."""
     try:
         import matplotlib
 
@@ -28,6 +29,11 @@ def plot_report(report: dict[str, Any], out: Path) -> Path:
     except ImportError as err:
         raise SpecpackError("--plot needs matplotlib", expected="matplotlib installed",
                             found="no matplotlib", hint="pip install 'specpack[bench]'") from err
+    return plt
+
+
+def plot_report(report: dict[str, Any], out: Path) -> Path:
+    plt = require_matplotlib()
     fig, axes = plt.subplots(2, 2, figsize=(14, 9.5))
     groups = {"overall": report["overall"], **report["by_category"]}
     _speedup_bars(axes[0, 0], groups, report["best_k"])

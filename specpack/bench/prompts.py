@@ -5,12 +5,12 @@
     {question, answer}               GSM8K                 chat template               category: "gsm8k"
     anything else that is not JSON   text, one prompt a line, plain completion        category: the file stem
 
-JSON Lines files may be gzipped (recognised by the gzip magic bytes).
+JSON Lines files may be gzipped (recognised by the gzip magic bytes). A file is read up to PROMPT_SET_BYTES
+(64 MiB), and decompressed up to as much.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specpack.bounded_read import GZIP_MAGIC, gunzip_bounded, read_bounded
 from specpack.errors import SpecpackError
+from specpack.limits import PROMPT_SET_BYTES
 
 FORMATS = ("{question_id, category, turns} (Spec-Bench / MT-bench), {task_id, prompt} (HumanEval), "
            "{question, answer} (GSM8K), or a text file with one prompt a line")
@@ -59,21 +61,26 @@ def read_prompt_file(path: Path) -> list[BenchPrompt]:
 
 
 def _read_lines(path: Path) -> list[str]:
+    """The file's lines: at most PROMPT_SET_BYTES read, and as many decompressed from gzip."""
+    raw = read_bounded(path, PROMPT_SET_BYTES, "prompt file")
+    if raw.startswith(GZIP_MAGIC):
+        raw = gunzip_bounded(raw, PROMPT_SET_BYTES, f"prompt file {path}")
     try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
         return raw.decode("utf-8").splitlines()
-    except (OSError, EOFError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError as err:
         raise SpecpackError(f"cannot read prompt file {path}", expected="a readable UTF-8 file (gzip allowed)",
-                            found=f"{type(err).__name__}: {err}") from err
+                            found=f"bytes that are not UTF-8 (at byte {err.start})") from None
 
 
 def _json_object(line: str) -> dict[str, Any] | None:
+    """The line as a JSON object, None when it is not JSON (a text line), SpecpackError when nested too deeply."""
     try:
         value = json.loads(line)
     except ValueError:
         return None
+    except RecursionError:
+        raise SpecpackError("a prompt record is nested too deeply", expected="JSON Lines records a few levels deep",
+                            found=f"a line starting {line[:20]!r}") from None
     return value if isinstance(value, dict) else None
 
 

@@ -310,8 +310,10 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     console.print("peak RSS: " + ", ".join(f"{phase} {mb / 1024:.2f} GB" for phase, mb in m["peak_rss_mb"].items())
                   + "".join(f"; peer {n} {p['peak_rss_mb'] / 1024:.2f} GB (own process)" for n, p in report["peers"].items()
                             if "peak_rss_mb" in p))
-    for note in report["notes"]:
-        console.print(f"[yellow]note:[/yellow] {note}")
+    from rich.markup import escape
+
+    for note in report["notes"]:  # notes may quote paths and file names from the manifest: no markup from them
+        console.print(f"[yellow]note:[/yellow] {escape(note)}")
     if report["skipped"]:
         console.print(f"[yellow]skipped {len(report['skipped'])} prompts too long for the pack[/yellow]")
 

@@ -213,12 +213,15 @@ def add_hf_extras(run: BenchRun) -> None:
 
     threads = run.config.threads or _physical_cores()
     target_dir, draft_dir = run.pack["target_source"].get("resolved"), run.pack["draft_source"].get("resolved")
-    requests = _gap_requests(run) if run.config.greedy else []
+    # another model at a source path would be measured as if it were the pack's: only the recorded files are run
+    other = {role: peer_hf.source_mismatch(run.pack[f"{role}_source"]) for role in ("target", "draft")}
+    run.notes += [f"transformers not run on the {role}'s source model: {why}" for role, why in other.items() if why]
+    requests = _gap_requests(run) if run.config.greedy and not other["target"] else []
     if requests:
         gaps, note = peer_hf.logit_gaps(target_dir, requests, threads=threads, dtype=run.pack["dtype"])
         run.gaps = {(g["prompt"], g["position"]): g for g in gaps}
         run.notes += [note] if note else []
-    if run.config.peer == "hf":
+    if run.config.peer == "hf" and not any(other.values()):
         peer, note = peer_hf.run_hf_peer(draft_dir, target_dir, run, threads=threads)
         run.peers = {"hf": peer} if peer is not None else {}
         run.notes += [note] if note else []

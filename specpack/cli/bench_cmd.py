@@ -10,10 +10,12 @@ import click
 from specpack.bench.runner import BenchConfig
 from specpack.cli.errors import user_errors
 from specpack.cli.options import drafter_option
+from specpack.cli.output_paths import OutputPath, check_output_file
 from specpack.errors import SpecpackError
 from specpack.limits import K_AUTO, parse_k
 
 DEFAULTS = BenchConfig()
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what the plot is saved as (matplotlib picks the format by the suffix)
 
 
 def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
@@ -43,8 +45,9 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 @click.option("--device", default=DEFAULTS.device, show_default=True, help="Backend: cpu, cuda or reference.")
 @click.option("--timing-reps", type=int, default=DEFAULTS.timing_reps, show_default=True,
               help="Repetitions of each timed step for c and v(k).")
-@click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="Write the report as JSON.")
-@click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=None, help="Write a PNG summary.")
+@click.option("--json", "json_out", type=OutputPath(), default=None, help="Write the report as JSON.")
+@click.option("--plot", "plot_out", type=OutputPath(), default=None, help="Write a PNG summary.")
+@click.option("--overwrite", is_flag=True, help="Replace existing --json / --plot files.")
 @drafter_option
 @click.option("--peer", type=click.Choice(["hf", "llamacpp"]), default=None,
               help="Also run transformers' generate and assisted generation (hf), or llama.cpp's autoregressive and "
@@ -56,7 +59,7 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, max_new_tokens: int, limit: int | None,
                   temperature: float, seed: int, threads: int | None, device: str, timing_reps: int,
                   json_out: Path | None, plot_out: Path | None, drafter: str | None, peer: str | None,
-                  llamacpp_dir: Path | None) -> None:
+                  llamacpp_dir: Path | None, overwrite: bool) -> None:
     """Benchmark speculative decoding against the target alone, on the same pack, prompts and run."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -73,6 +76,7 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
                             found=f"--k {ks}")
     if timing_reps < 1:
         raise SpecpackError("invalid --timing-reps", expected="an integer >= 1", found=str(timing_reps))
+    _check_outputs(json_out, plot_out, overwrite)  # before the run: its results are never lost to a bad path
     config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          threads=threads, device=device, timing_reps=timing_reps, peer=peer,
                          drafter=drafter)
@@ -99,3 +103,14 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
         from specpack.bench.plot import plot_report
 
         plot_report(report, plot_out)
+
+
+def _check_outputs(json_out: Path | None, plot_out: Path | None, overwrite: bool) -> None:
+    """--json and --plot can be written (and --plot drawn), checked before the benchmark runs."""
+    if json_out is not None:
+        check_output_file(json_out, "--json", overwrite=overwrite)
+    if plot_out is not None:
+        check_output_file(plot_out, "--plot", overwrite=overwrite, suffixes=PLOT_SUFFIXES)
+        from specpack.bench.plot import require_matplotlib
+
+        require_matplotlib()

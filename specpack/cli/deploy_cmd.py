@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from specpack.cli.errors import user_errors
+from specpack.cli.output_paths import OutputPath
 
 
 @click.group("deploy")
@@ -16,7 +17,7 @@ def deploy_command() -> None:
 
 @deploy_command.command("jetson")
 @click.argument("pack", type=click.Path(path_type=Path))
-@click.option("-o", "--output", "output", type=click.Path(path_type=Path), required=True, help="The bundle folder (new).")
+@click.option("-o", "--output", "output", type=OutputPath(), required=True, help="The bundle folder (new).")
 @click.option("--jetpack", type=click.Choice(["6"]), default="6", show_default=True,
               help="JetPack major version of the device (6: TensorRT 10, CUDA 12, Python 3.10).")
 @click.option("--precision", type=click.Choice(["fp16", "int8"]), default="fp16", show_default=True,

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from specpack.cli.errors import user_errors
+from specpack.cli.output_paths import OutputPath
 from specpack.export.config import (
     DEFAULT_K,
     DEFAULT_KV_CACHE,
@@ -32,7 +33,7 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
 @click.option("--draft", "draft", default=None,
               help="Draft model: HF model directory, hub id or .gguf file (none with --drafter ngram).")
 @click.option("--target", "target", required=True, help="Target model: HF model directory, hub id or .gguf file.")
-@click.option("-o", "--output", "output", required=True, type=click.Path(path_type=Path), help="Pack directory to write.")
+@click.option("-o", "--output", "output", required=True, type=OutputPath(), help="Pack directory to write.")
 @click.option("--k", "k", type=int, default=DEFAULT_K, show_default=True, help=f"k_max: drafts per step, {K_MIN}..{K_MAX}.")
 @click.option("--max-len", "max_len", type=int, default=None,
               help="Longest prompt + generation. Default: min(2048, the models' position limits).")

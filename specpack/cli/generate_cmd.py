@@ -9,25 +9,25 @@ from typing import Any
 
 import click
 
+from specpack.bounded_read import read_bounded
 from specpack.cli.errors import user_errors
 from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
-from specpack.limits import parse_k
+from specpack.limits import PROMPT_FILE_BYTES, parse_k
 from specpack.validation import check_generate_args
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
-    """--prompt TEXT or --prompt-file F (read as is, minus one trailing newline); exactly one."""
+    """--prompt TEXT or --prompt-file F (read as is, minus one trailing newline, at most PROMPT_FILE_BYTES);
+    exactly one."""
     if (prompt is None) == (prompt_file is None):
         raise SpecpackError("give the prompt once", expected="exactly one of --prompt TEXT or --prompt-file F",
                             found="both" if prompt is not None else "neither")
     if prompt_file is not None:
+        data = read_bounded(prompt_file, PROMPT_FILE_BYTES, "--prompt-file")  # never /dev/zero until MemoryError
         try:
-            text = prompt_file.read_text(encoding="utf-8")
-        except OSError as err:
-            raise SpecpackError(f"cannot read --prompt-file {prompt_file}", expected="a readable UTF-8 text file",
-                                found=err.strerror or str(err)) from err
+            text = data.decode("utf-8").replace("\r\n", "\n").replace("\r", "\n")  # as read_text: universal newlines
         except UnicodeDecodeError as err:
             raise SpecpackError(f"--prompt-file {prompt_file} is not UTF-8 text", expected="a UTF-8 text file",
                                 found=f"byte 0x{err.object[err.start]:02x} at offset {err.start}",

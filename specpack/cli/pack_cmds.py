@@ -87,11 +87,12 @@ def inspect_command(pack: Path, as_json: bool) -> None:
 
 
 def _plain_text(encoding: str) -> ToText:
-    """str -> rich Text: no markup, characters the console cannot encode escaped (\\xe9, \\u2028)."""
+    """str -> rich Text: no markup; characters that are not printable (escape sequences, bidirectional overrides
+    from free-form manifest fields) and those the console cannot encode escaped (\\x1b, \\u202e, \\xe9)."""
     from rich.text import Text
 
     def text(value: str) -> Text:
-        return Text(value.encode(encoding, "backslashreplace").decode(encoding, "replace"))
+        return Text(_escaped(value, encoding))
 
     return text
 
@@ -106,7 +107,7 @@ def quantization_lines(role: str, quantization: Quantization | None) -> list[str
         return [f"{role}: not quantized (the weights as exported)"]
     try:
         return _quantization_details(role, quantization.model_dump(mode="json"))
-    except (KeyError, TypeError, ValueError, AttributeError):  # free-form details of an untrusted manifest
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError):  # free-form details, untrusted
         return [f"{role}: {quantization.method} (its details are not in the form this version writes)",
                 *([DIFFERENT_MODEL] if role == "target" else [])]
 
@@ -181,6 +182,15 @@ def verify_command(pack: Path, manifest_sha256: str | None) -> None:
         click.echo(f"note: {len(extra)} files in the pack are not in the manifest (never loaded): {shown}")
 
 
-def _escaped(name: str) -> str:
-    """A file name as printable ASCII (a name can hold terminal control sequences)."""
-    return "".join(c if c.isprintable() and c.isascii() else c.encode("unicode_escape").decode() for c in name)
+def _escaped(text: str, encoding: str = "ascii") -> str:
+    """Text from an untrusted file, safe for a terminal: every character that is not printable (controls, escape
+    sequences, bidirectional overrides, separators) or not encodable in `encoding` as a backslash escape."""
+    out = []
+    for c in text:
+        try:
+            c.encode(encoding)
+            ok = c.isprintable()
+        except UnicodeEncodeError:
+            ok = False
+        out.append(c if ok else c.encode("unicode_escape").decode("ascii"))
+    return "".join(out)

@@ -11,7 +11,9 @@ Fast path: after a full pass, `.verified.json` records each file's (device, inod
 ctime_ns, sha256). A later load re-hashes any file whose record differs. `touch -r` can restore an
 mtime but not a ctime, and a copy gets a new inode, so edits, copies and corruption are caught. It does
 not protect against an attacker who can write the pack (they can rewrite the stamp too): pin the
-manifest's sha256 for that (`specpack.load(path, manifest_sha256=...)`). `specpack verify` always hashes.
+manifest's sha256 for that (`specpack.load(path, manifest_sha256=...)`): a pinned load never reads the stamp,
+hashes every file, and hands the runtime the bytes it hashed (deploy/verified_read.py). `specpack verify`
+always hashes.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import stat
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 from specpack.deploy.manifest import MANIFEST_FILE, FileEntry, Manifest
@@ -32,8 +35,13 @@ STAMP_BYTES_LIMIT = 4 << 20
 SHOWN = 10  # extra files named by `specpack verify`
 
 
-def verify_pack(pack_dir: Path, manifest: Manifest, *, full: bool = False) -> list[str]:
-    """Raise SpecpackError on the first escaping, missing, resized or altered file; return the files hashed."""
+def verify_pack(pack_dir: Path, manifest: Manifest, *, full: bool = False,
+                deferred: Collection[str] = ()) -> list[str]:
+    """Raise SpecpackError on the first escaping, missing, resized or altered file; return the files hashed.
+
+    full: never trust the stamp (`specpack verify`, and every load with a pinned digest). deferred: files whose
+    hash the caller checks on the bytes it reads (deploy/verified_read.py): here only placed and sized, and
+    left out of the stamp."""
     paths = resolve_files(pack_dir, manifest)
     stamp = {} if full else _read_stamp(pack_dir)
     hashed: list[str] = []
@@ -41,6 +49,8 @@ def verify_pack(pack_dir: Path, manifest: Manifest, *, full: bool = False) -> li
     for entry in manifest.files:
         path = paths[entry.path]
         key = stamp_key(path, entry)
+        if entry.path in deferred:
+            continue
         if stamp.get(entry.path) != key:
             digest = sha256_file(path)
             hashed.append(entry.path)
@@ -49,7 +59,8 @@ def verify_pack(pack_dir: Path, manifest: Manifest, *, full: bool = False) -> li
                                     expected=f"sha256 {entry.sha256}", found=f"sha256 {digest}",
                                     hint="the file was changed or corrupted: re-export the pack")
         fresh[entry.path] = key
-    _write_stamp(pack_dir, fresh)
+    if not deferred:  # a partial stamp would only make the next unpinned load hash again
+        _write_stamp(pack_dir, fresh)
     return hashed
 
 
@@ -111,9 +122,10 @@ def _read_stamp(pack_dir: Path) -> dict[str, list[object]]:
         fd = os.open(Path(pack_dir) / STAMP_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return {}
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory: os.fdopen would raise IsADirectoryError
+        os.close(fd)
+        return {}
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-            return {}
         try:
             data = json.loads(f.read(STAMP_BYTES_LIMIT + 1))
         except (OSError, ValueError, RecursionError):

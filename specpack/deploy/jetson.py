@@ -10,7 +10,7 @@
       bundle.json                what was bundled: the pack's manifest sha256, JetPack, precision, specpack version
       SHA256SUMS                 sha256 of every other file of the bundle (sha256sum -c format)
       pack/                      the pack without engines: manifest.json, graphs (+ external data), tokenizer
-      lib/specpack/              specpack's sources (PYTHONPATH=lib): the runtime, `verify`, `build`
+      lib/specpack/              specpack's sources (on the venv's path, a .pth file): the runtime, `verify`, `build`
 
 Engines are never carried: a TensorRT plan runs only on the GPU and TensorRT version it was built on, so the
 bundle's manifest lists none and the device builds its own. Written into a staging folder, renamed into place.
@@ -23,13 +23,17 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from specpack import __version__
+from specpack.deploy.bundle_files import PACK_DIR, RECORD, SUMS, bundle_refusal, remove_bundle
 from specpack.deploy.engines import check_buildable, write_manifest_atomic
-from specpack.deploy.manifest import MANIFEST_FILE, Manifest, manifest_sha256
+from specpack.deploy.manifest import MANIFEST_FILE, Manifest, manifest_sha256, schema_error
 from specpack.errors import SpecpackError
+from specpack.export.staging import check_writable
 from specpack.hashing import sha256_file
 
-PACK_DIR, LIB_DIR, SCRIPT, SUMS, RECORD = "pack", "lib", "build_engines.sh", "SHA256SUMS", "bundle.json"
+LIB_DIR, SCRIPT = "lib", "build_engines.sh"
 REQUIREMENTS = "requirements-aarch64.txt"
 
 
@@ -104,10 +108,10 @@ def write_bundle(pack: Path, out: Path, options: JetsonOptions, *, overwrite: bo
     from specpack.export.staging import publish, staging_dir
 
     pack, out = Path(pack), Path(out)
+    _check_out(out, overwrite)  # before any work
     manifest = Manifest.read(pack)
     verify_pack(pack, manifest, full=True)  # a bundle carries only what matches its manifest
     check_buildable(manifest)
-    _check_out(out, overwrite)
     with staging_dir(out) as staging:
         digest = _copy_pack(pack, manifest, staging / PACK_DIR)
         _copy_sources(staging / LIB_DIR)
@@ -122,20 +126,25 @@ def write_bundle(pack: Path, out: Path, options: JetsonOptions, *, overwrite: bo
         script.chmod(0o755)
         (staging / "README.md").write_text(readme(digest, options, jp))
         (staging / SUMS).write_text(sha256sums(staging))
-        if out.exists():
-            shutil.rmtree(out)  # _check_out: a bundle of ours, and --overwrite given
+        if out.exists() or out.is_symlink():
+            _check_out(out, overwrite)  # again: it may have changed while the bundle was written
+            remove_bundle(out)  # only the files it lists: never a tree
         publish(staging, out, overwrite=False)
     return out
 
 
 def _check_out(out: Path, overwrite: bool) -> None:
+    """A new path, or with --overwrite a bundle holding only the files deploy jetson wrote (deploy/bundle_files.py)."""
+    check_writable(out)
     if not out.exists() and not out.is_symlink():
         return
-    ours = out.is_dir() and not out.is_symlink() and (out / RECORD).is_file() and (out / SUMS).is_file()
-    if not overwrite or not ours:
+    refusal = bundle_refusal(out)
+    if not overwrite or refusal is not None:
         raise SpecpackError(f"{out} already exists", expected="a new folder (or a bundle, with --overwrite)",
-                            found="an existing bundle" if ours else "an existing path that is not a bundle",
-                            hint="choose another -o" + (", or pass --overwrite" if ours else ""))
+                            found="an existing bundle" if refusal is None else f"an existing path that is not a "
+                                  f"bundle of deploy jetson's alone: {refusal}",
+                            hint="choose another -o" + (", or pass --overwrite" if refusal is None else
+                                                        ", or move your files away yourself"))
 
 
 def _copy_pack(pack: Path, manifest: Manifest, dest: Path) -> str:
@@ -150,7 +159,11 @@ def _copy_pack(pack: Path, manifest: Manifest, dest: Path) -> str:
         data = manifest.model_dump(mode="json", by_alias=True)
         data.update(engines=[], files=[f for f in data["files"] if f["path"] not in engines],
                     backends=[b for b in manifest.backends if b != "tensorrt"] or ["onnxruntime"])
-        write_manifest_atomic(dest, Manifest.model_validate(data))
+        try:
+            stripped = Manifest.model_validate(data)
+        except ValidationError as err:
+            raise schema_error(err, "the pack's manifest without its engines is not a valid manifest") from None
+        write_manifest_atomic(dest, stripped)
     else:
         shutil.copyfile(pack / MANIFEST_FILE, dest / MANIFEST_FILE)
     return manifest_sha256(dest)
@@ -184,8 +197,8 @@ DRY_RUN=0
 PYTHON="${{PYTHON:-python3}}"
 VENV=.venv
 
-run() {{  # print a command; run it unless --dry-run
-  echo "+ $*"
+run() {{  # print a command, quoted to paste; run it unless --dry-run
+  printf '+'; printf ' %q' "$@"; printf '\\n'
   if [ "$DRY_RUN" = 0 ]; then "$@"; fi
 }}
 
@@ -209,7 +222,14 @@ fi
 echo "3. a virtual environment with the pinned requirements (JetPack's TensorRT through system site packages)"
 run "$PYTHON" -m venv --system-site-packages "$VENV"
 run "$VENV/bin/python" -m pip install --no-deps -r {REQUIREMENTS}  # every package pinned: nothing else resolves
-export PYTHONPATH="$PWD/{LIB_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"
+# {LIB_DIR}/ on the venv's path through a .pth file: a search path variable would split a folder name at ':'
+LIB="$PWD/{LIB_DIR}"
+case "$LIB" in *$'\\n'*) echo "error: the bundle's path holds a newline: move the bundle" >&2; exit 2;; esac
+if [ "$DRY_RUN" = 0 ]; then
+  SITE="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  printf '%s\\n' "$LIB" > "$SITE/specpack-bundle.pth"
+fi
+echo "+ (the venv's site-packages)/specpack-bundle.pth: $(printf '%q' "$LIB")"
 PY="$VENV/bin/python"
 
 echo "4. the pack against its manifest (pinned to sha256 {digest[:16]}...)"
@@ -219,7 +239,7 @@ echo "5. engines for this GPU"
 run "$PY" -m {build.removeprefix("python -m ")}
 
 echo "done. Generate with:"
-echo "  PYTHONPATH=$PWD/{LIB_DIR} $PY -m specpack generate {PACK_DIR} --device tensorrt --prompt 'def fib(n):'"
+printf '  %q -m specpack generate %q --device tensorrt --prompt %q\\n' "$PWD/$PY" "$PWD/{PACK_DIR}" 'def fib(n):'
 """
 
 
@@ -235,7 +255,7 @@ On the Jetson:
 ```bash
 bash {SCRIPT} --dry-run   # check every file of the bundle, print what would run
 bash {SCRIPT}             # check, install the pinned requirements into ./.venv, verify the pack, build engines
-PYTHONPATH=$PWD/{LIB_DIR} .venv/bin/python -m specpack generate {PACK_DIR} --device tensorrt --prompt "def fib(n):"
+.venv/bin/python -m specpack generate {PACK_DIR} --device tensorrt --prompt "def fib(n):"
 ```
 
 - `{PACK_DIR}/` is the pack without engines: plans run only on the GPU and TensorRT version they were built
@@ -244,7 +264,8 @@ PYTHONPATH=$PWD/{LIB_DIR} .venv/bin/python -m specpack generate {PACK_DIR} --dev
 - The pack's manifest sha256 is `{digest}`: `{SCRIPT}` refuses any other (`specpack verify --manifest-sha256`).
 - `{SUMS}` lists every other file of the bundle; `{REQUIREMENTS}` pins the runtime's Python packages
   (aarch64 wheels from PyPI); TensorRT itself comes from JetPack (`python3-libnvinfer`), reached through the
-  virtual environment's system site packages. `{LIB_DIR}/specpack` is specpack's source.
+  virtual environment's system site packages. `{LIB_DIR}/specpack` is specpack's source, on the virtual
+  environment's path through a `.pth` file that `{SCRIPT}` writes.
 - Never run on a Jetson by specpack's authors: the bundle's layout and this script's dry run are tested; the
   build and the TensorRT backend are written to TensorRT's documented API (docs/tensorrt.md in specpack).
 """

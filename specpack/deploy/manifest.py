@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 import stat
@@ -355,6 +356,10 @@ def _check_files(manifest: Manifest) -> None:
     unlisted = sorted(set(manifest.loaded_files()) - set(listed))
     if unlisted:
         raise ValueError(f"files the runtime opens are not listed in files (so never checked): {unlisted[:5]}")
+    graphs = {p for _, m in manifest.models() for p in (m.graph.path, *m.graph.data_files)}
+    shared = sorted((graphs | set(TOKENIZER_FILES) | set(manifest.tokenizer_files)) & {e.path for e in manifest.engines})
+    if shared:  # an engine is executable code of its own: never a graph's or the tokenizer's file
+        raise ValueError(f"engines name files that are graphs or tokenizer files: {shared[:5]}")
 
 
 def manifest_sha256(pack_dir: Path) -> str:
@@ -422,10 +427,12 @@ def schema_error(err: ValidationError, what: str) -> SpecpackError:
 
 
 def parse_json(data: bytes, path: Path | str) -> Any:
-    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity, bounded nesting and size."""
+    """Strict JSON: UTF-8, no duplicate keys, no NaN/Infinity (nor numbers too large for a float: 1e999),
+    bounded nesting and size."""
     try:
         text = data.decode("utf-8")
-        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant)
+        value = json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constant,
+                           parse_float=_finite_float)
     except UnicodeDecodeError as err:
         raise _corrupted(path, f"bytes that are not UTF-8 (at byte {err.start})") from None
     except RecursionError:
@@ -445,6 +452,14 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float; 1e999 (which Python reads as infinity) is refused like Infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is not a finite number")
+    return value
 
 
 def _check_shape(value: Any, path: Path | str) -> None:

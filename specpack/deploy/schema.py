@@ -22,8 +22,9 @@ RULES = [  # what JSON Schema cannot say; Manifest's validators enforce these to
     "vocab_size <= each model's vocab_rows; max_len <= each model's max_positions; every eos id < vocab_size",
     "every file the runtime opens (graphs, data_files, tokenizer/tokenizer.json, tokenizer/tokenizer_config.json, "
     "tokenizer_files, engines) is listed in `files`; no path is listed twice; manifest.json is not listed",
+    "no engine names a graph's, an external data file's or a tokenizer file's path",
     f"the file is UTF-8 JSON of at most {MANIFEST_BYTES_LIMIT} bytes, nested at most {JSON_DEPTH_LIMIT} deep, "
-    "without duplicate keys, NaN or Infinity",
+    "without duplicate keys, NaN or Infinity (nor numbers past a float's range, such as 1e999)",
 ]
 
 

@@ -73,7 +73,7 @@ def _alive(pid: int) -> bool:
 def check_destination(out: Path, overwrite: bool) -> None:
     """Refuse an existing `out` unless --overwrite is given and `out` is a pack (only its own files) or empty;
     refuse a place the pack cannot be written to (under a file, a read-only file system), before any work."""
-    _check_writable(out)
+    check_writable(out)
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
@@ -86,7 +86,7 @@ def check_destination(out: Path, overwrite: bool) -> None:
                             hint="choose another -o, or move the directory away yourself")
 
 
-def _check_writable(out: Path) -> None:
+def check_writable(out: Path) -> None:
     """The nearest existing parent of `out` is a directory this process can write on a writable file system."""
     parent = out.absolute().parent
     while not parent.exists() and parent != parent.parent:
@@ -99,8 +99,8 @@ def _check_writable(out: Path) -> None:
     elif not os.access(parent, os.W_OK | os.X_OK):
         found = f"{parent} is not writable by this user (permission denied)"
     if found is not None:
-        raise SpecpackError(f"cannot write the pack at {out}", expected="-o in a writable directory", found=found,
-                            hint="choose another -o")
+        raise SpecpackError(f"cannot write {out}", expected="a path in a writable directory", found=found,
+                            hint="choose another path")
 
 
 def _not_a_pack(out: Path) -> str | None:
@@ -163,7 +163,7 @@ def run_isolated(fn: Callable[..., T], *args: object) -> T:
     """
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn, args), daemon=True)
+    proc = ctx.Process(target=_child, args=(send, fn, args, os.getpid()), daemon=True)
     try:  # from start() on: an interrupt that lands while the child is being launched stops it too
         proc.start()
         send.close()
@@ -184,7 +184,10 @@ def run_isolated(fn: Callable[..., T], *args: object) -> T:
     raise value
 
 
-def _child(send: Connection, fn: Callable[..., Any], args: tuple[object, ...]) -> None:
+def _child(send: Connection, fn: Callable[..., Any], args: tuple[object, ...], parent_pid: int) -> None:
+    from specpack.export.parent_death import die_with_parent
+
+    die_with_parent(parent_pid)  # a SIGKILLed parent runs no cleanup: the kernel ends the worker instead
     try:
         result: tuple[bool, object, str] = (True, fn(*args), "")
     except BaseException as err:

@@ -23,11 +23,12 @@ from specpack import names
 HEAD_OUTPUTS = ({names.TOKEN, names.PROBS}, {names.N_ACCEPTED, names.NEXT_TOKEN})  # draft head, verify head
 
 
-def greedy_form(path: Path) -> bytes:
-    """The graph at `path` (weights not loaded) with its head's If inlined as the greedy branch, serialized.
+def greedy_form(path: Path, data: bytes | None = None) -> bytes:
+    """The graph at `path` (weights not loaded; or its bytes, `data`, already read) with its head's If inlined as
+    the greedy branch, serialized.
 
     Raises ValueError when the graph has no head If or keeps other control flow."""
-    model = onnx.load(str(path), load_external_data=False)
+    model = onnx.load_from_string(data) if data is not None else onnx.load(str(path), load_external_data=False)
     graph = model.graph
     nodes: list[onnx.NodeProto] = []
     inlined = 0

@@ -43,6 +43,8 @@ class BackendOptions:
     pad_single_steps: bool = True  # a greedy target step over one token runs as two rows, so that it takes the
                                    # kernels a verify of drafts takes (docs/architecture.md, "One row is never run
                                    # alone"); False: one row alone (bench/row_invariance.py measures the difference)
+    verified_reads: bool = False   # every file from bytes hashed as they are read, every graph opened at load (a
+                                   # pinned load: deploy/verified_read.py); False: sessions read the checked files
 
 
 class TargetModel(Protocol):
@@ -92,7 +94,8 @@ class Backend(Protocol):
         ...
 
     def draft(self) -> DraftModel:
-        """The draft model, opened on the first call (a request with k = 0 never opens it)."""
+        """The draft model, opened on the first call (a request with k = 0 never opens it; a pinned load opens it at
+        load: BackendOptions.verified_reads)."""
         ...
 
     def close(self) -> None: ...

@@ -11,8 +11,11 @@ The caller passes the variables transformers adds from the tokenizer (its `speci
 eos_token, ...), and encodes the rendered text without adding special tokens.
 
 A template is untrusted input, so rendering is bounded (RenderLimits): a deadline checked on every loop item,
-call and output piece; an output-size limit; and no single operation may build a value past that size
-(string/list `*` and `+`, `**`, padding and format widths, filter arguments and results, namespace values).
+call and output piece; an output-size limit; no single operation may build a value past that size, refused
+before it allocates (string/list `*` and `+`, `~`, `**`, padding and format widths, filters and the str methods
+that grow their input, estimated by runtime/template_sizes.py; the text of a macro, call or set block, joined
+through the environment's `concat`; every value written out, through `finalize`); and everything built in one
+render counts against a total (`built`), so recursion or loops cannot hold more than that in memory.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from functools import lru_cache
 from typing import Any, NoReturn
 
 import jinja2
+import jinja2.compiler
 import jinja2.ext
 import jinja2.nodes
 import jinja2.parser
@@ -37,6 +41,7 @@ import numpy as np
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from specpack.errors import SpecpackError
+from specpack.runtime.template_sizes import bounded_items, filter_size, format_size, method_size, size_of
 
 MIN_JINJA = (3, 1, 6)  # older versions have known sandbox escapes; templates come from the Hub, untrusted
 REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is the one templates read
@@ -48,6 +53,7 @@ class RenderLimits:
 
     seconds: float = 2.0
     chars: int = 1 << 22  # output characters, and the size of any one string or list a template builds
+    built: int = 1 << 26  # characters (or items) of every string and list the template builds, in all
 
 
 def render_chat(template: str, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool,
@@ -112,6 +118,7 @@ class _Budget:
     def __init__(self, limits: RenderLimits) -> None:
         self.limits = limits
         self.deadline = time.monotonic() + limits.seconds
+        self.built = 0  # characters (or items) built so far
 
     def tick(self) -> None:
         if time.monotonic() > self.deadline:
@@ -120,9 +127,25 @@ class _Budget:
                                 found="still running at the deadline (a loop or recursion that does not end soon)",
                                 hint="fix the template of the source model and export the pack again")
 
-    def check_size(self, value: object, what: str) -> None:
-        if isinstance(value, (str, list, tuple, dict)) and len(value) > self.limits.chars:
-            self.refuse(what, f"{len(value):,} items")
+    def check_size(self, value: object, what: str, *, built: bool = True) -> None:
+        """A value within the size of one operation; `built`: just built, so counted against the render's total."""
+        if isinstance(value, (str, list, tuple, dict)):
+            if len(value) > self.limits.chars:
+                self.refuse(what, f"{len(value):,} items")
+            if built:
+                self.charge(len(value), what)
+
+    def check_estimate(self, size: int | None, what: str) -> None:
+        """An operation about to run, by the upper bound on what it builds (runtime/template_sizes.py)."""
+        if size is not None and size > self.limits.chars:
+            self.refuse(what, f"more than {self.limits.chars:,} characters (before it was built)")
+
+    def charge(self, size: int, what: str) -> None:
+        self.built += size
+        if self.built > self.limits.built:
+            raise SpecpackError("the chat template builds too much", expected=f"at most {self.limits.built:,} "
+                                "characters (or items) built in one render", found=f"{what}: past the total",
+                                hint="fix the template of the source model and export the pack again")
 
     def refuse(self, what: str, found: str) -> NoReturn:
         raise SpecpackError("the chat template builds too much output", expected=f"at most {self.limits.chars:,} "
@@ -143,6 +166,7 @@ _BUDGET: contextvars.ContextVar[_Budget | None] = contextvars.ContextVar("specpa
 # a width or precision of a million or more in a %-format or a {}-format spec
 _WIDE_FORMAT = re.compile(r"%[^%a-zA-Z]*[0-9]{7}|\{[^{}]*:[^{}]*[0-9]{7}")
 _SIZED_METHODS = frozenset({"center", "ljust", "rjust", "zfill", "expandtabs", "format", "format_map"})
+_MATERIALIZED = frozenset({"do_join", "do_sum", "do_list", "do_unique", "do_batch", "do_slice"})  # read whole
 
 
 def _tick() -> _Budget | None:
@@ -152,10 +176,52 @@ def _tick() -> _Budget | None:
     return budget
 
 
+class _BoundedCodeGenerator(jinja2.compiler.CodeGenerator):
+    """Jinja's code generator, with `a ~ b` joined through the environment (sized before it is built)."""
+
+    @jinja2.compiler.optimizeconst
+    def visit_Concat(self, node: jinja2.nodes.Concat, frame: jinja2.compiler.Frame) -> None:
+        if frame.eval_ctx.volatile:
+            join = "(markup_join if context.eval_ctx.volatile else str_join)"
+        else:
+            join = "markup_join" if frame.eval_ctx.autoescape else "str_join"
+        self.write(f"environment.join_values({join}, (")
+        for arg in node.nodes:
+            self.visit(arg, frame)
+            self.write(", ")
+        self.write("))")
+
+
 class _BoundedEnvironment(ImmutableSandboxedEnvironment):
-    """The sandbox, with every call, binary operator and loop item checked against the render's budget."""
+    """The sandbox, with every call, binary operator, join, output value and loop item checked against the render's
+    budget."""
 
     intercepted_binops = frozenset({"*", "**", "+", "%"})
+    code_generator_class = _BoundedCodeGenerator
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(finalize=_finalize, **options)
+
+    def concat(self, pieces: Iterable[str]) -> str:
+        """The text of a macro, call block or set block (compiled code calls `environment.concat(buffer)`)."""
+        budget = _BUDGET.get()
+        if budget is None:
+            return "".join(pieces)
+        parts = list(pieces)
+        budget.check_estimate(sum(len(p) for p in parts), "the text of a macro or block")
+        out = "".join(parts)
+        budget.charge(len(out), "the text of a macro or block")
+        return out
+
+    def join_values(self, join: Callable[[Iterable[Any]], str], values: tuple[Any, ...]) -> str:
+        """`a ~ b ~ ...`: sized before the join."""
+        budget = _tick()
+        if budget is not None:
+            budget.check_estimate(sum(size_of(v, budget.limits.chars) for v in values), "a joined string ('~')")
+        result = join(values)
+        if budget is not None:
+            budget.check_size(result, "a joined string ('~')")
+        return result
 
     def call_binop(self, context: jinja2.runtime.Context, operator: str, left: Any, right: Any) -> Any:
         budget = _tick()
@@ -169,10 +235,20 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
     def call(__self, __context: jinja2.runtime.Context, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         budget = _tick()
         method = getattr(__obj, "__wrapped__", __obj)  # the sandbox wraps str.format and str.format_map
-        if budget is not None and isinstance(getattr(method, "__self__", None), str) and \
-                getattr(method, "__name__", "") in _SIZED_METHODS:
-            _check_widths(budget, f"str.{method.__name__}", method.__self__, (*args, *kwargs.values()))
-        return super().call(__context, __obj, *args, **kwargs)
+        text, name = getattr(method, "__self__", None), getattr(method, "__name__", "")
+        if budget is not None and isinstance(text, str):
+            if name == "join" and args and not isinstance(args[0], (str, list, tuple)):
+                items = bounded_items(args[0], budget.limits.chars)  # an iterator: never more than the limit held
+                if items is None:
+                    budget.refuse("str.join", f"items of more than {budget.limits.chars:,} characters")
+                args = (items, *args[1:])
+            if name in _SIZED_METHODS:
+                _check_widths(budget, f"str.{name}", text, (*args, *kwargs.values()))
+            budget.check_estimate(method_size(name, text, args, kwargs, budget.limits.chars), f"str.{name}")
+        result = super().call(__context, __obj, *args, **kwargs)
+        if budget is not None:
+            budget.check_size(result, f"the result of {name or 'a call'}")
+        return result
 
     def _parse(self, source: str, name: str | None, filename: str | None) -> jinja2.nodes.Template:
         """Every `{% for %}` iterates through _LoopGuard.items (an extension attribute: templates cannot rebind it)."""
@@ -205,7 +281,9 @@ def _check_binop(budget: _Budget, operator: str, left: Any, right: Any) -> None:
             isinstance(left, (int, float)) and abs(left) > 1:
         budget.refuse("a power", f"an exponent of {right}")
     elif operator == "%" and isinstance(left, str):
-        _check_widths(budget, "a % format", left, right if isinstance(right, tuple) else (right,))
+        args = right if isinstance(right, tuple) else (right,)
+        _check_widths(budget, "a % format", left, args)
+        budget.check_estimate(format_size(left, args, budget.limits.chars), "a % format")
 
 
 def _check_widths(budget: _Budget, what: str, fmt: object, args: Iterable[Any]) -> None:
@@ -218,22 +296,39 @@ def _check_widths(budget: _Budget, what: str, fmt: object, args: Iterable[Any]) 
 
 
 def _bounded_filter(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """A filter whose integer arguments and result stay within the render's size limit."""
+    """A filter whose integer arguments, estimated result (before it runs) and result stay within the render's size
+    limit."""
 
     skip = 2 if hasattr(fn, "jinja_pass_arg") else 1  # the context / environment, then the value filtered
 
     @functools.wraps(fn)  # keeps jinja_pass_arg (pass_context / pass_environment)
     def bounded(*args: Any, **kwargs: Any) -> Any:
         budget = _tick()
-        if budget is not None:
-            fmt = args[skip - 1] if fn.__name__ == "do_format" and len(args) >= skip else None
-            _check_widths(budget, f"filter {fn.__name__}", fmt, (*args[skip:], *kwargs.values()))
+        if budget is not None and len(args) >= skip:
+            cap, what = budget.limits.chars, f"filter {fn.__name__}"
+            fmt = args[skip - 1] if fn.__name__ == "do_format" else None
+            _check_widths(budget, what, fmt, (*args[skip:], *kwargs.values()))
+            value = args[skip - 1]
+            if fn.__name__ in _MATERIALIZED and not isinstance(value, (str, list, tuple, Mapping)):
+                items = bounded_items(value, cap)  # an iterator (map, select, ...): never more than cap held
+                if items is None:
+                    budget.refuse(what, f"items of more than {cap:,} characters")
+                args = (*args[: skip - 1], items, *args[skip:])
+            budget.check_estimate(filter_size(fn.__name__, args[skip - 1], args[skip:], kwargs, cap), what)
         result = fn(*args, **kwargs)
         if budget is not None:
             budget.check_size(result, f"the result of filter {fn.__name__}")
         return result
 
     return bounded
+
+
+def _finalize(value: Any) -> Any:
+    """Every value written out (`{{ x }}`), before str() turns it into text: no larger than one operation may build."""
+    budget = _BUDGET.get()
+    if budget is not None and not isinstance(value, str):
+        budget.check_estimate(size_of(value, budget.limits.chars), "a value written out")
+    return value
 
 
 def _raise_exception(message: str) -> NoReturn:
@@ -274,7 +369,7 @@ class _TemplateNamespace(jinja2.utils.Namespace):
         _TemplateNamespace._check_name(name)
         budget = _tick()
         if budget is not None:
-            budget.check_size(value, f"namespace value {name!r}")
+            budget.check_size(value, f"namespace value {name!r}", built=False)  # built (and counted) already
         jinja2.utils.Namespace.__setitem__(self, name, value)
 
     @staticmethod

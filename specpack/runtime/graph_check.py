@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specpack import names
 from specpack.deploy.manifest import GraphEntry, TensorSpec
 from specpack.errors import SpecpackError
 
@@ -32,6 +33,27 @@ def check_graph_matches(spec: GraphEntry, session: Any, label: str) -> None:
         more = f" (and {len(problems) - SHOWN} more)" if len(problems) > SHOWN else ""
         raise SpecpackError(f"{label} does not match the manifest's description of it",
                             expected="the inputs and outputs the manifest lists", found="; ".join(problems[:SHOWN]) + more,
+                            hint="the manifest was edited or comes from another export: re-export the pack")
+    _check_kv_form(spec, session, label)
+
+
+def _check_kv_form(spec: GraphEntry, session: Any, label: str) -> None:
+    """The manifest's `kv_cache` is the graph's. A torch export names its dims (export/torch_export.py): a static
+    graph's attention_mask is as long as its past buffers ([1, M] and [1, H, M, D]), a concat graph's mask covers
+    past and new tokens (total_sequence_length) while its past is past_sequence_length. onnxruntime-genai's builder
+    graphs (always static) name their dims otherwise, and are not checked here."""
+    if spec.exporter != "torch":
+        return
+    inputs = {i.name: i.shape for i in session.get_inputs()}
+    past, mask = inputs.get(names.kv_names(1, "past")[0]), inputs.get(names.ATTENTION_MASK)
+    if not past or not mask or len(past) != 4 or len(mask) != 2:
+        return  # the I/O check above has refused it already
+    static = mask[1] == past[2]
+    if static != (spec.kv_cache == "static"):
+        form = "static" if static else "concat"
+        raise SpecpackError(f"{label} is not of the KV cache form the manifest says",
+                            expected=f"kv_cache {spec.kv_cache!r}", found=f"a {form}-cache graph (attention_mask "
+                            f"length {mask[1]}, past length {past[2]})",
                             hint="the manifest was edited or comes from another export: re-export the pack")
 
 

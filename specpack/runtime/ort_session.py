@@ -17,12 +17,20 @@ on that one core. So when the affinity mask holds fewer CPUs than the machine, t
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnxruntime as ort
 
 from specpack.errors import SpecpackError
+
+if TYPE_CHECKING:
+    from specpack.deploy.verified_read import GraphBytes
+
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 
 
 def default_threads() -> int | None:
@@ -50,6 +58,22 @@ def session_options(threads: int | None, spin: bool = True) -> ort.SessionOption
     return opts
 
 
+def open_session(source: Path | GraphBytes, opts: ort.SessionOptions, providers: Sequence[Any]) -> ort.InferenceSession:
+    """A session over a graph's path, or over verified bytes: the graph's, and each external data file's under the
+    name the graph gives it. With bytes, ONNX Runtime reads nothing from disk: the external data folder is an
+    empty directory of our own, so a location the bytes do not cover fails instead of being read from the working
+    directory (where ONNX Runtime looks for a graph given as bytes)."""
+    if isinstance(source, Path):
+        return ort.InferenceSession(str(source), sess_options=opts, providers=providers)
+    names = list(source.external)
+    if names:
+        opts.add_external_initializers_from_files_in_memory(names, [source.external[n] for n in names],
+                                                            [len(source.external[n]) for n in names])
+    with tempfile.TemporaryDirectory(prefix="specpack-nodata-") as empty:
+        opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, empty)
+        return ort.InferenceSession(source.model, sess_options=opts, providers=providers)
+
+
 class OrtGraph:
     """A session; `run` binds numpy views by pointer onto an IOBinding (no copies) and runs.
 
@@ -57,12 +81,13 @@ class OrtGraph:
     IOBinding (`new_binding`), which is not.
     """
 
-    def __init__(self, path: Path, threads: int | None = None, providers: list[str] | None = None) -> None:
+    def __init__(self, source: Path | GraphBytes, threads: int | None = None, providers: list[str] | None = None) -> None:
+        """source: the graph's path (ONNX Runtime reads it and its external data), or its verified bytes."""
+        name = source.name if isinstance(source, Path) else Path(source.name).name
         try:
-            self.session = ort.InferenceSession(str(path), sess_options=session_options(threads),
-                                                providers=providers or ["CPUExecutionProvider"])
+            self.session = open_session(source, session_options(threads), providers or ["CPUExecutionProvider"])
         except Exception as err:  # onnxruntime raises its own exception types
-            raise SpecpackError(f"ONNX Runtime could not load {path.name}", expected="a valid ONNX graph",
+            raise SpecpackError(f"ONNX Runtime could not load {name}", expected="a valid ONNX graph",
                                 found=str(err).splitlines()[0], hint="run `specpack verify PACK`") from err
         self.input_names = {i.name for i in self.session.get_inputs()}
         self.output_names = {o.name for o in self.session.get_outputs()}

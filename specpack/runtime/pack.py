@@ -22,6 +22,7 @@ from specpack.deploy.integrity import verify_pack
 from specpack.deploy.manifest import Manifest
 from specpack.errors import SpecpackError
 from specpack.limits import DRAFTERS
+from specpack.names import TOKENIZER_DIR
 from specpack.runtime.adaptive_k import AdaptiveK, Costs, PriorCosts
 from specpack.runtime.backend import Backend, BackendOptions, open_backend
 from specpack.runtime.drafter import Drafter, ModelDrafter
@@ -30,7 +31,7 @@ from specpack.runtime.loop import decode
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.state import DecodeState
 from specpack.runtime.stats import DecodeStats
-from specpack.runtime.tokenizer import PackTokenizer
+from specpack.runtime.tokenizer import CONFIG_FILE, TOKENIZER_FILE, PackTokenizer
 from specpack.sampling import SamplingParams, Uniforms
 from specpack.validation import PackLimits, check_context, check_generate_args, check_load_args, check_prompt
 
@@ -52,16 +53,34 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | No
 
     device: a registered backend ("cpu", "cuda", "reference"; runtime/backend.py). threads: intra-op threads
     per session (None: ONNX Runtime's default, or the CPUs the process's affinity allows: ort_session.py). The
-    draft model is opened on its first use.
-    `manifest_sha256` (printed by `specpack inspect`) pins the pack: any other manifest is refused.
+    draft model is opened on its first use (pinned: at load).
+    `manifest_sha256` (printed by `specpack inspect`) pins the pack: any other manifest is refused, every file is
+    hashed (the `.verified.json` stamp is not trusted), and the graphs, their external data and the tokenizer are
+    handed over as the very bytes that were hashed, every graph opened at load (docs/security.md).
     `ngram`: the n-gram drafter's n range (default NgramConfig()).
     """
     path = Path(check_load_args(path, threads))
+    if ngram is not None and not isinstance(ngram, NgramConfig):
+        raise SpecpackError("invalid ngram", expected="an NgramConfig(n_min, n_max), or None", found=repr(ngram)[:80],
+                            hint="from specpack.runtime.ngram_drafter import NgramConfig; ngram=NgramConfig(2, 4)")
+    pinned = manifest_sha256 is not None
     manifest = Manifest.read(path, sha256=manifest_sha256)
-    verify_pack(path, manifest)
-    tokenizer = PackTokenizer.load(path / "tokenizer")
-    backend = open_backend(device, path, manifest, BackendOptions(threads=threads))
+    # pinned: what the runtime reads is hashed as it is read (deploy/verified_read.py); every other file here
+    verify_pack(path, manifest, full=pinned, deferred=set(manifest.loaded_files()) if pinned else ())
+    tokenizer = _load_tokenizer(path, manifest, pinned)
+    backend = open_backend(device, path, manifest, BackendOptions(threads=threads, verified_reads=pinned))
     return Pack(path, manifest, tokenizer, backend, ngram=ngram)
+
+
+def _load_tokenizer(path: Path, manifest: Manifest, pinned: bool) -> PackTokenizer:
+    """The pack's tokenizer; pinned: from its files' bytes, hashed as they are read."""
+    if not pinned:
+        return PackTokenizer.load(path / TOKENIZER_DIR)
+    from specpack.deploy.verified_read import read_verified
+
+    config, tokenizer = (read_verified(path, manifest.file_entry(f"{TOKENIZER_DIR}/{name}"))
+                         for name in (CONFIG_FILE, TOKENIZER_FILE))
+    return PackTokenizer.from_bytes(config, tokenizer, path / TOKENIZER_DIR)
 
 
 class Pack:
@@ -111,9 +130,14 @@ class Pack:
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
         """Prompt ids: a list of ids as is, a string tokenized as is, or wrapped in the chat template."""
         checked = check_prompt(prompt, chat=chat, vocab_size=self.manifest.vocab_size)
-        if isinstance(checked, str):
-            return self.tokenizer.encode_chat(checked) if chat else self.tokenizer.encode(checked)
-        return checked
+        if not isinstance(checked, str):
+            return checked
+        ids = self.tokenizer.encode_chat(checked) if chat else self.tokenizer.encode(checked)
+        if ids and (top := max(ids)) >= self.manifest.vocab_size:  # the graphs' embedding would fail on it
+            raise SpecpackError("the pack's tokenizer gave an id outside the graphs' vocabulary",
+                                expected=f"ids below vocab_size {self.manifest.vocab_size}", found=f"id {top}",
+                                hint="the tokenizer and the graphs come from different exports: re-export the pack")
+        return ids
 
     def drafter_named(self, name: str | None) -> tuple[str, Drafter]:
         """The drafter `name` ("model" | "ngram"; None: the pack's default), refused clearly where the pack lacks it."""

@@ -61,16 +61,30 @@ class PackTokenizer:
     def load(cls, tokenizer_dir: Path) -> PackTokenizer:
         """Load tokenizer.json and tokenizer_config.json from a pack's tokenizer/ folder."""
         tokenizer_dir = Path(tokenizer_dir)
-        config = _read_config(tokenizer_dir / CONFIG_FILE)
-        path = tokenizer_dir / TOKENIZER_FILE
-        if not path.is_file():
-            raise SpecpackError(f"no {TOKENIZER_FILE} in {tokenizer_dir}", expected=f"the file {path}",
-                                found="no such file", hint="export the pack again (spec-export)")
+        files = {}
+        for name in (CONFIG_FILE, TOKENIZER_FILE):
+            path = tokenizer_dir / name
+            if not path.is_file():
+                raise SpecpackError(f"no {name} in {tokenizer_dir}", expected=f"the file {path}",
+                                    found="no such file", hint="export the pack again (spec-export)")
+            try:
+                files[name] = path.read_bytes()
+            except OSError as e:
+                raise SpecpackError(f"cannot read {path}", expected="a readable file", found=e.strerror or str(e),
+                                    hint="export the pack again (spec-export)") from None
+        return cls.from_bytes(files[CONFIG_FILE], files[TOKENIZER_FILE], tokenizer_dir)
+
+    @classmethod
+    def from_bytes(cls, config_bytes: bytes, tokenizer_bytes: bytes, where: Path) -> PackTokenizer:
+        """The tokenizer from its two files' bytes (a pinned load hands over bytes it hashed); `where`: for messages."""
+        config = _parse_config(config_bytes, where / CONFIG_FILE)
+        path = where / TOKENIZER_FILE
         try:
-            backend = Tokenizer.from_file(str(path))
+            backend = Tokenizer.from_str(tokenizer_bytes.decode("utf-8"))
         except Exception as e:  # the Rust side raises a bare Exception for JSON and schema errors
             raise SpecpackError(f"{path} is not a valid tokenizer", expected="a tokenizers JSON file",
-                                found=f"{type(e).__name__}: {e}", hint="export the pack again (spec-export)") from e
+                                found=f"{type(e).__name__}: {str(e)[:200]}",
+                                hint="export the pack again (spec-export)") from None
         size = backend.get_vocab_size(with_added_tokens=True)
         if size != config["vocab_size"]:
             raise SpecpackError(f"{path} does not match {CONFIG_FILE}",
@@ -207,15 +221,16 @@ def _last_safe_space(text: str) -> int:
     return max(cut, 0)
 
 
-def _read_config(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise SpecpackError(f"no {CONFIG_FILE} in {path.parent}", expected=f"the file {path}", found="no such file",
-                            hint="export the pack again (spec-export)")
+def _parse_config(data: bytes, path: Path) -> dict[str, Any]:
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SpecpackError(f"{path} is not valid JSON", expected="a JSON object", found=str(e),
-                            hint="export the pack again (spec-export)") from e
+        config = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SpecpackError(f"{path} is not valid JSON", expected="a JSON object", found=str(e)[:200],
+                            hint="export the pack again (spec-export)") from None
+    except RecursionError:
+        raise SpecpackError(f"{path} is not valid JSON", expected="a JSON object nested a few levels deep",
+                            found="JSON nested too deeply to parse", hint="export the pack again (spec-export)"
+                            ) from None
     if not isinstance(config, dict) or config.get("format") != CONFIG_FORMAT:
         found = config.get("format") if isinstance(config, dict) else type(config).__name__
         raise SpecpackError(f"{path} is not a specpack tokenizer config", expected=f"format {CONFIG_FORMAT!r}",

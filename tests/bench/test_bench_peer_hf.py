@@ -58,3 +58,22 @@ def test_peer_records_ar_and_assisted(tiny_pairs: Callable[..., tuple[Path, Path
             assert 0 <= r["decoded_tokens"] < r["new_tokens"]
         assert rec["assisted"]["tokens"] == rec["ar"]["tokens"]  # greedy assisted generation is lossless
     assert out["peak_rss_mb"] > 0 and out["dtype"] == "fp32"
+
+
+def test_a_source_dir_holding_another_model_is_not_run(tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                       tmp_path: Path) -> None:
+    """The issue's finding: a pack pointing at other models reported a 68x "speedup" over them."""
+    import shutil
+
+    from specpack.export.sources import source_record
+
+    _, target = tiny_pairs("qwen2")
+    copy = Path(shutil.copytree(target, tmp_path / "target"))
+    record = source_record(str(copy), copy)
+    assert peer_hf.source_mismatch(record) is None
+    weights = next(p for p in copy.iterdir() if p.suffix == ".safetensors")
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert f"{weights.name} is not the file the pack was exported from" in (peer_hf.source_mismatch(record) or "")
+    assert "records no sha256" in (peer_hf.source_mismatch({**record, "files": {}}) or "")

@@ -89,3 +89,32 @@ def test_errors_for_missing_file_bad_limit_and_duplicates(tmp_path: Path) -> Non
         read_prompts([f], limit=0)
     with pytest.raises(SpecpackError, match="the same prompt id comes twice"):
         read_prompts([f, f])
+
+
+def test_deeply_nested_record_is_refused(tmp_path: Path) -> None:
+    f = tmp_path / "deep.jsonl"
+    f.write_text('{"task_id": "a", "prompt": "x"}\n' + "[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(SpecpackError, match="nested too deeply"):
+        read_prompt_file(f)
+    f.write_text("[" * 100_000 + "]" * 100_000 + "\n")
+    with pytest.raises(SpecpackError, match="nested too deeply"):
+        read_prompt_file(f)
+
+
+def test_corrupt_and_truncated_gzip(tmp_path: Path) -> None:
+    data = gzip.compress(b'{"task_id": "a", "prompt": "x"}\n')
+    for bad in (data[:-12], data[:10] + bytes(b ^ 0xFF for b in data[10:-8]) + data[-8:]):
+        f = tmp_path / "bad.jsonl.gz"
+        f.write_bytes(bad)
+        with pytest.raises(SpecpackError, match="not valid gzip data"):
+            read_prompt_file(f)
+
+
+def test_files_are_read_and_decompressed_up_to_a_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("specpack.bench.prompts.PROMPT_SET_BYTES", 1 << 20)
+    bomb = tmp_path / "bomb.jsonl.gz"
+    bomb.write_bytes(gzip.compress(b"x" * (8 << 20)))  # 8 KB that inflate to 8 MiB
+    with pytest.raises(SpecpackError, match="too large once decompressed"):
+        read_prompt_file(bomb)
+    with pytest.raises(SpecpackError, match="too large"):
+        read_prompt_file(Path("/dev/zero"))

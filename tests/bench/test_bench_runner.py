@@ -97,7 +97,8 @@ def test_adaptive_k_is_its_own_row_with_its_k_histogram(monkeypatch: pytest.Monk
     prompts = tmp_path / "mine.txt"
     prompts.write_text("def f(x):\nreturn x\n")
     out = tmp_path / "r.json"
-    args = ["pack", "--prompts", str(prompts), "--max-new-tokens", "16", "--timing-reps", "1", "--json", str(out)]
+    args = ["pack", "--prompts", str(prompts), "--max-new-tokens", "16", "--timing-reps", "1", "--json", str(out),
+            "--overwrite"]  # each run below replaces the report
     result = CliRunner().invoke(bench_command, [*args, "--k", "2,4,auto"], terminal_width=200)
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())

@@ -179,3 +179,22 @@ def test_export_drafter_ngram_with_a_draft(tiny_pairs, tmp_path: Path) -> None:
     code, text = _run(["--draft", str(draft), "--target", str(target), "--drafter", "ngram", "-o", str(tmp_path / "p")],
                       spec_export)
     _assert_error(code, text, "--draft and --drafter disagree", "with --draft")
+
+
+@pytest.mark.parametrize("args", [["--draft", "d", "--target", "t", "-o", ""], ["deploy", "jetson", "pack", "-o", ""]])
+def test_an_empty_output_path_is_refused_as_such(args: list[str]) -> None:
+    code, text = _run(args, spec_export if args[0] == "--draft" else cli)
+    _assert_error(code, text, "an empty path")
+    assert code == 2
+
+
+def test_deploy_under_a_file_says_so(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("")
+    code, text = _run(["deploy", "jetson", str(tmp_path / "nope"), "-o", str(tmp_path / "f" / "bundle")])
+    _assert_error(code, text, "is a file, not a directory")
+
+
+def test_prompt_file_is_read_up_to_a_limit() -> None:
+    code, text = _run(["generate", "no-pack", "--prompt-file", "/dev/zero"])
+    _assert_error(code, text, "--prompt-file /dev/zero is too large", "at most 4,194,304 bytes")
+    assert code == 2

@@ -20,18 +20,6 @@ from specpack.deploy.manifest import manifest_sha256
 from specpack.errors import SpecpackError
 
 
-@pytest.fixture(scope="module")
-def original(tiny_pack) -> Path:
-    return tiny_pack("qwen2", "noisy")[0]
-
-
-@pytest.fixture
-def pack(original: Path, tmp_path: Path) -> Path:
-    copy = tmp_path / "pack"
-    shutil.copytree(original, copy, ignore=shutil.ignore_patterns(STAMP_FILE))
-    return copy
-
-
 def _edit(pack: Path, change: Callable[[dict[str, Any]], object]) -> None:
     manifest = json.loads((pack / "manifest.json").read_text())
     change(manifest)

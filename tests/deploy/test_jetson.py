@@ -123,3 +123,40 @@ def test_cli_refusals(bundle: Path, trt_pack: Path, tmp_path: Path) -> None:
     code, text = invoke(str(concat), "-o", str(tmp_path / "b"))
     assert code == 2 and "not in a form TensorRT engines are built from" in text and "Traceback" not in text
     assert not (tmp_path / "b").exists()
+
+
+def test_overwrite_never_deletes_what_deploy_did_not_write(bundle: Path, trt_pack: Path, tmp_path: Path) -> None:
+    def deploy(out: Path) -> tuple[int, str]:
+        result = CliRunner().invoke(cli, ["deploy", "jetson", str(trt_pack), "-o", str(out), "--overwrite"])
+        return result.exit_code, result.output
+
+    lookalike = tmp_path / "lookalike"  # merely holds files with a bundle's names
+    lookalike.mkdir()
+    for name in ("bundle.json", "SHA256SUMS", "thesis.tex"):
+        (lookalike / name).write_text("{}")
+    code, text = deploy(lookalike)
+    assert code == 2 and "not a bundle" in text and "Traceback" not in text
+    assert sorted(p.name for p in lookalike.iterdir()) == ["SHA256SUMS", "bundle.json", "thesis.tex"]
+
+    mine = tmp_path / "mine"
+    shutil.copytree(bundle, mine)
+    (mine / "pack" / "notes.txt").write_text("mine")
+    code, text = deploy(mine)
+    assert code == 2 and "pack/notes.txt" in text and (mine / "pack" / "notes.txt").read_text() == "mine"
+    (mine / "pack" / "notes.txt").unlink()
+    code, text = deploy(mine)
+    assert code == 0, text
+    assert (mine / "bundle.json").is_file()
+
+
+def test_dry_run_prints_commands_that_paste_from_any_folder(bundle: Path, tmp_path: Path) -> None:
+    import shlex
+
+    copy = tmp_path / "my bundles:v1" / "bundle"
+    shutil.copytree(bundle, copy)
+    run = _script(copy, "--dry-run")
+    assert run.returncode == 0, run.stderr
+    line = next(line for line in run.stdout.splitlines() if " -m specpack generate " in line)
+    words = shlex.split(line)
+    assert words[0] == f"{copy}/.venv/bin/python" and words[4] == f"{copy}/pack" and words[-1] == "def fib(n):"
+    assert "PYTHONPATH" not in (copy / "build_engines.sh").read_text()

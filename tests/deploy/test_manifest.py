@@ -97,6 +97,9 @@ BAD = {  # finding -> (mutation, text the error must contain)
     "control characters in a source": (lambda m: m["draft"]["source"].update(source="x\x1b[2J"), "control"),
     "k_max past the limit": (lambda m: m.update(k_max=17), "k_max"),
     "unknown quantization": (lambda m: m["draft"].update(quantization={"method": "int3"}), "quantization.method"),
+    "an engine that is a graph's file": (lambda m: m.update(engines=[{
+        "path": m["target"]["graph"]["path"], "role": "target", "backend": "tensorrt", "gpu": "NVIDIA H200",
+        "compute_capability": "9.0", "tensorrt_version": "10.13.0"}]), "engines name files that are graphs"),
 }
 
 
@@ -123,6 +126,8 @@ def test_unknown_schema_versions_are_refused(version: object, says: str) -> None
     (b'{"a": ' * 30 + b"1" + b"}" * 30, "nested deeper than"),
     (b'{"schema_version": 1, "schema_version": 1}', "repeats a key"),
     (b'{"schema_version": NaN}', "NaN"),
+    (b'{"schema_version": 1, "max_len": 1e999}', "not a finite number"),
+    (b'{"schema_version": 1, "max_len": -1E400}', "not a finite number"),
     (b'{"schema_version": 1, "max_len": 1' + b"0" * 5000 + b"}", "digits"),
     (b'{"x": "\\ud800"}', "lone surrogate"),
     (b"\xff\xfe{}", "not UTF-8"),

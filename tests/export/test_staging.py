@@ -220,6 +220,29 @@ def test_signals_stop_the_worker_and_remove_the_staging_dir(tmp_path: Path, sig:
     assert _gone(child)
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_a_sigkilled_parent_takes_its_worker_with_it(tmp_path: Path) -> None:
+    """The issue's finding: SIGKILL runs no cleanup, and the export worker kept running (and writing)."""
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen([sys.executable, "-c", STAGE_SCRIPT, str(tmp_path / "p")], cwd=ROOT, env=env,
+                            stderr=subprocess.DEVNULL)
+    pid_file = _wait_for(lambda: next(tmp_path.glob(".p.partial-*/child.pid"), None))
+    child = int(_wait_for(pid_file.read_text))
+    proc.kill()
+    proc.wait()
+    try:
+        _wait_for(lambda: _gone(child) or _zombie(child), timeout=5)  # its new parent may not reap it at once
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+
+
 def test_sigterm_during_a_real_export(tiny_pairs, tmp_path: Path) -> None:
     """spec-export itself: SIGTERM while a worker exports a model leaves nothing behind and no worker running."""
     import psutil

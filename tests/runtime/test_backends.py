@@ -144,3 +144,14 @@ def test_a_bf16_pack_is_refused_on_the_cpu_with_its_reason(tiny_pack) -> None:
         open_backend("cpu", pack_dir, bf16, BackendOptions())
     assert "bf16 target graphs" in str(err.value) and "--device cuda" in str(err.value)
     assert "specpack verify" not in str(err.value)
+
+
+@pytest.mark.parametrize("attention", ["standard", "gqa"])
+def test_a_static_pack_runs_on_the_reference_device(trt_pack: Path, tiny_pack, attention: str) -> None:
+    """The issue's finding: a legitimate static-cache pack failed on --device reference with a raw ScatterND error."""
+    pack = trt_pack if attention == "standard" else \
+        tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]  # test_cuda_backend's
+    ref, cpu = specpack.load(pack, device="reference", threads=1), specpack.load(pack, threads=1)
+    for k, sampling in ((0, {}), (3, {}), (2, {"temperature": 0.8, "seed": 3})):
+        assert ref.generate("def add(a, b):", 10, k=k, **sampling).tokens == \
+            cpu.generate("def add(a, b):", 10, k=k, **sampling).tokens, (k, sampling)

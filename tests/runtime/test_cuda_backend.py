@@ -124,3 +124,21 @@ def test_refuses_concat_packs(tiny_pack) -> None:
     pack_dir = tiny_pack("qwen2", "noisy")[0]
     with pytest.raises(SpecpackError, match="static KV cache"):
         CudaBackend(pack_dir, Manifest.read(pack_dir), BackendOptions(), device="cpu")
+
+
+def test_a_pinned_load_opens_every_graph_from_verified_bytes(static_pack: Path, tmp_path: Path) -> None:
+    """BackendOptions.verified_reads: both graphs (greedy forms) open at load from the bytes hashed; a weight file
+    that no longer matches the manifest is refused, never opened."""
+    import shutil
+
+    manifest = Manifest.read(static_pack)
+    pinned = CudaBackend(static_pack, manifest, BackendOptions(verified_reads=True), device="cpu")
+    assert pinned.draft_loaded
+    pinned.close()
+    copy = Path(shutil.copytree(static_pack, tmp_path / "pack"))
+    weights = copy / manifest.draft.graph.data_files[0]
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(SpecpackError, match="does not match the pinned manifest"):
+        CudaBackend(copy, manifest, BackendOptions(verified_reads=True), device="cpu")

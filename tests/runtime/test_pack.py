@@ -127,3 +127,16 @@ def test_generate_after_close_is_refused(pack_dir: Path) -> None:
             fresh.generate(PROMPT, 2, k=k)
         assert "generate after close()" in str(err.value) and "specpack.load" in str(err.value)
     fresh.close()  # a second close does nothing
+
+
+def test_ngram_must_be_an_ngram_config(pack_dir: Path) -> None:
+    with pytest.raises(SpecpackError, match="NgramConfig"):
+        specpack.load(pack_dir, ngram=(2, 4))  # type: ignore[arg-type]
+
+
+def test_a_tokenizer_id_outside_the_graph_vocabulary_is_refused(pack: Pack, monkeypatch: pytest.MonkeyPatch) -> None:
+    vocab = pack.manifest.vocab_size
+    monkeypatch.setattr(pack.tokenizer, "encode", lambda text: [1, vocab])
+    with pytest.raises(SpecpackError, match="outside the graphs' vocabulary") as err:
+        pack.generate(PROMPT, 4, k=0)
+    assert f"id {vocab}" in str(err.value)

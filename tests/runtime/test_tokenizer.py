@@ -275,6 +275,7 @@ def test_tokenizer_json_from_another_tokenizer(qwen_dir: Path, tmp_path: Path) -
     (lambda c: json.dumps({k: v for k, v in c.items() if k != "chat_template"}), "is incomplete",
      "missing ['chat_template']"),
     (lambda c: json.dumps({**c, "chat_template": 3}), "wrong type", "chat_template=3"),
+    (lambda c: "[" * 100_000 + "]" * 100_000, "is not valid JSON", "JSON nested too deeply to parse"),
 ])
 def test_corrupt_config(qwen_dir: Path, tmp_path: Path, edit: Any, message: str, found: str | None) -> None:
     d = _copy(qwen_dir, tmp_path)

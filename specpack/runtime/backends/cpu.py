@@ -3,7 +3,8 @@
     OrtBackend
       target()  OrtTarget: verify.onnx, one KV cache per slot (static or concat, by the graph's form),
                 n_accepted / next_token [1] per slot
-      draft()   OrtDraft:  draft_step.onnx (opened on first use), a cache, q [1, k_max, V] and token [1] per slot
+      draft()   OrtDraft:  draft_step.onnx (opened on first use; at load for a pinned pack), a cache,
+                q [1, k_max, V] and token [1] per slot
 
 Every input is a view bound by pointer (IOBinding): input_ids is state.ids[None, cached:end], the drafts
 already in place; position_ids and attention_mask are views of constants; past and present are the
@@ -22,6 +23,7 @@ import numpy as np
 
 from specpack import names
 from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.deploy.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
@@ -177,6 +179,8 @@ class OrtBackend:
                                  _feeds_positions(m.target), options.pad_single_steps)
         self._draft: OrtDraft | None = None
         self._draft_lock = threading.Lock()
+        if options.verified_reads and m.draft_model is not None:  # pinned: nothing is read after load
+            self.draft()
 
     @property
     def draft_loaded(self) -> bool:
@@ -200,7 +204,10 @@ class OrtBackend:
             self._draft.graph.close()
 
     def _graph(self, entry: ModelEntry) -> OrtGraph:
-        graph = OrtGraph(self.path / entry.graph.path, threads=self.options.threads, providers=list(self.providers))
+        source: Path | GraphBytes = self.path / entry.graph.path
+        if self.options.verified_reads:
+            source = graph_bytes(self.path, self.manifest, entry.graph)
+        graph = OrtGraph(source, threads=self.options.threads, providers=list(self.providers))
         check_graph_matches(entry.graph, graph.session, entry.graph.path)  # the manifest's I/O sizes every buffer
         return graph
 

@@ -70,10 +70,11 @@ class DeviceSession:
     """One ONNX Runtime session over one form of a graph, run through IOBindings, with CUDA graph ids."""
 
     def __init__(self, model: Path | bytes, folder: Path, entry: ModelEntry, device: str, capture: bool,
-                 threads: int | None) -> None:
+                 threads: int | None, external: dict[str, bytes] | None = None) -> None:
+        """external: verified bytes of the external data files (a pinned load; then `folder` is never read)."""
         import onnxruntime as ort
 
-
+        self._external, self.entry_name = external, entry.graph.path
         self._ort = ort
         self.error: str | None = None  # why capture was refused, if it was
         self.capture = capture
@@ -86,6 +87,7 @@ class DeviceSession:
                                     expected="a valid ONNX graph", found=str(err).splitlines()[0]) from err
             self.error, self.capture = str(err).splitlines()[0], False
             self.session = self._open(model, folder, device, False, threads)
+        self._external = None  # ONNX Runtime copied the weights: the verified bytes are not held twice
         check_graph_matches(entry.graph, self.session, entry.graph.path)
         # what the graph takes, as the manifest declares it (checked above against the session): e.g. no
         # position_ids for a graph whose positions are "internal" (the builder's rotary inside its attention)
@@ -97,13 +99,18 @@ class DeviceSession:
         from specpack.runtime.ort_session import session_options
 
         opts = session_options(threads)
-        opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder))
         providers: list[Any] = ["CPUExecutionProvider"]
         if device == "cuda":
             cuda_options = {"enable_cuda_graph": "1" if capture else "0"}
             if not self.tf32:
                 cuda_options["use_tf32"] = "0"
             providers.insert(0, (PROVIDER, cuda_options))
+        if self._external is not None and isinstance(model, bytes):  # verified bytes: nothing read from disk
+            from specpack.deploy.verified_read import GraphBytes
+            from specpack.runtime.ort_session import open_session
+
+            return open_session(GraphBytes(self.entry_name, model, self._external), opts, providers)
+        opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder))
         source = str(model) if isinstance(model, Path) else model
         return self._ort.InferenceSession(source, sess_options=opts, providers=providers)
 
@@ -349,6 +356,8 @@ class CudaBackend:
         self._target.session(True)  # the greedy form opens at load
         self._draft: DeviceDraft | None = None
         self._draft_lock = threading.Lock()
+        if options.verified_reads and manifest.draft_model is not None:  # pinned: the draft's greedy form too
+            self.draft().session(True)
 
     @property
     def draft_loaded(self) -> bool:
@@ -365,15 +374,22 @@ class CudaBackend:
         return self._draft
 
     def open_session(self, entry: ModelEntry, greedy: bool) -> DeviceSession:
-        """The greedy form (If inlined, captured where the EP allows) or the graph as exported."""
+        """The greedy form (If inlined, captured where the EP allows) or the graph as exported; for a pinned pack
+        (options.verified_reads) from bytes hashed as they are read, whenever the session opens."""
         graph_path = self.path / entry.graph.path
         model: Path | bytes = graph_path
+        external = None
+        if self.options.verified_reads:  # a pinned load: the bytes hashed as they were read, now
+            from specpack.deploy.verified_read import graph_bytes
+
+            verified = graph_bytes(self.path, self.manifest, entry.graph)
+            model, external = verified.model, verified.external
         if greedy:
             from specpack.graphs.greedy_form import greedy_form  # needs onnx: the device extra
 
-            model = greedy_form(graph_path)
+            model = greedy_form(graph_path, model if isinstance(model, bytes) else None)
         return DeviceSession(model, graph_path.parent, entry, self.device, greedy and self.cuda_graphs,
-                             self.options.threads)
+                             self.options.threads, external)
 
     def capture_report(self) -> dict[str, Any]:
         """Whether each opened greedy session captures CUDA graphs, how many, and why not."""

@@ -124,29 +124,41 @@ class ReferenceBackend:
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> ReferenceBackend:
     """The reference backend over a pack: its graphs' logits, recomputed over the whole prefix every call."""
     m = manifest
-    return ReferenceBackend(pack_logits(path, m.target, m.vocab_size, options.threads),
-                            lambda: pack_logits(path, m.draft, m.vocab_size, options.threads), m.vocab_size,
-                            m.k_max, options.slots)
+    verified = manifest if options.verified_reads else None
+    backend = ReferenceBackend(pack_logits(path, m.target, m.vocab_size, options.threads, verified),
+                               lambda: pack_logits(path, m.draft, m.vocab_size, options.threads, verified),
+                               m.vocab_size, m.k_max, options.slots)
+    if verified is not None and m.draft_model is not None:  # pinned: every graph opens at load
+        backend.draft()
+    return backend
 
 
-def pack_logits(path: Path, entry: ModelEntry, vocab_size: int, threads: int | None) -> LogitsFn:
-    """A LogitsFn over one pack graph: no past (L = 0), every position fed; the head's inputs get zeros."""
+def pack_logits(path: Path, entry: ModelEntry, vocab_size: int, threads: int | None,
+                verified: Manifest | None = None) -> LogitsFn:
+    """A LogitsFn over one pack graph: no past (L = 0), every position fed; the head's inputs get zeros.
+    A torch export of the static form takes past buffers as long as its mask ([1, H, M, D], M = the n positions
+    fed, all zeros: rows [0, n) are written and read); other graphs an empty past ([1, H, 0, D]).
+    `verified`: the pinned manifest, whose files are read as bytes and hashed as they are read."""
     import onnxruntime as ort
 
+    from specpack.deploy.verified_read import graph_bytes
     from specpack.graphs.logits_output import with_logits_output
     from specpack.limits import numpy_dtype
     from specpack.runtime.ort_session import session_options
 
-    session = ort.InferenceSession(with_logits_output(path / entry.graph.path, entry.dtype),
+    source = graph_bytes(path, verified, entry.graph) if verified is not None else None
+    session = ort.InferenceSession(with_logits_output(path / entry.graph.path, entry.dtype, source),
                                    sess_options=session_options(threads), providers=["CPUExecutionProvider"])
     wanted = {i.name for i in session.get_inputs()}
-    empty = np.zeros((1, entry.kv_heads, 0, entry.head_dim), numpy_dtype(entry.dtype))  # [1, H, 0, D]
-    constant = {**{name: empty for name in names.kv_names(entry.num_layers, "past")}, **SamplingParams().graph_inputs(),
-                names.UNIFORM: np.zeros(1, np.float32)}
+    past_names = names.kv_names(entry.num_layers, "past")
+    static = entry.graph.kv_cache == "static" and entry.graph.exporter == "torch"  # past as long as the mask
+    constant = {**SamplingParams().graph_inputs(), names.UNIFORM: np.zeros(1, np.float32)}
 
     def logits(ids: np.ndarray, rows: int) -> np.ndarray:
         n = len(ids)
-        feed = {**constant, names.INPUT_IDS: np.asarray(ids, np.int64)[None], names.POSITION_IDS: np.arange(n)[None],
+        past = np.zeros((1, entry.kv_heads, n if static else 0, entry.head_dim), numpy_dtype(entry.dtype))  # [1, H, *, D]
+        feed = {**constant, **dict.fromkeys(past_names, past), names.INPUT_IDS: np.asarray(ids, np.int64)[None],
+                names.POSITION_IDS: np.arange(n)[None],
                 names.ATTENTION_MASK: np.ones((1, n), np.int64),
                 names.DRAFT_PROBS: np.zeros((1, rows - 1, vocab_size), np.float32),  # rows = k + 1 in the verify
                 names.UNIFORMS: np.zeros((1, rows), np.float32)}

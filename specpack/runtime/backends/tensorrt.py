@@ -71,7 +71,12 @@ class TrtModel:
                  outputs: list[str]) -> None:
         m, cuda, self.cuda, self.stream = backend.manifest, backend.cuda, backend.cuda, backend.stream
         self.backend, self.k_max, self.vocab = backend, m.k_max, m.vocab_size
-        plan = (backend.path / engine.path).read_bytes()  # hashed with the pack's files before the backend opened
+        if backend.options.verified_reads:  # a pinned load: the bytes deserialized are the bytes hashed
+            from specpack.deploy.verified_read import read_verified
+
+            plan = read_verified(backend.path, m.file_entry(engine.path))
+        else:
+            plan = (backend.path / engine.path).read_bytes()  # hashed with the pack's files before the backend opened
         loaded: trt.ICudaEngine | None = backend.runtime.deserialize_cuda_engine(plan)
         if loaded is None:
             raise SpecpackError(f"TensorRT could not load {engine.path}", expected=f"an engine for {backend.platform}",
@@ -287,6 +292,7 @@ class TrtBackend:
         check_buildable(manifest)
         self.engines = {role: select_engine(manifest, role, platform) for role, _ in manifest.models()}  # refuse early
         self.path, self.manifest, self.cuda, self.platform, self.cuda_graphs = path, manifest, cuda, platform, cuda_graphs
+        self.options = options
         self.trt = trt_module
         self.logger: trt.ILogger = trt_module.Logger(trt_module.Logger.WARNING)
         self.runtime: trt.Runtime = trt_module.Runtime(self.logger)
