@@ -120,3 +120,32 @@ def test_memory_stays_bounded_before_the_limits_fire(template: str) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 8 * MEMORY.built, f"{peak / 1e6:.0f} MB"
+
+
+RSS_SCRIPT = """
+import json, resource, sys
+from specpack.errors import SpecpackError
+from specpack.runtime.chat_template import render_chat
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+for template in json.loads(sys.stdin.read()):
+    try:
+        render_chat(template, [{"role": "user", "content": "hi"}], add_generation_prompt=True, variables={})
+    except SpecpackError:
+        pass
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) // 1024)
+"""
+
+
+def test_peak_rss_of_hostile_templates_at_the_default_limits() -> None:
+    """The same templates at the default limits, in a process of their own: its peak RSS grows by well under the
+    render budget's worth of memory (the server went from 96 MB to 3.9 GB on one request)."""
+    import json
+    import subprocess
+    import sys
+
+    params = next(m for m in test_memory_stays_bounded_before_the_limits_fire.pytestmark  # type: ignore[attr-defined]
+                  if m.name == "parametrize").args[1]
+    run = subprocess.run([sys.executable, "-c", RSS_SCRIPT], input=json.dumps(params), capture_output=True, text=True,
+                         timeout=60, check=True)
+    grew_mb = int(run.stdout.strip())
+    assert grew_mb < 256, f"peak RSS grew by {grew_mb} MB"
