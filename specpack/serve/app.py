@@ -32,7 +32,7 @@ from specpack.serve.api_errors import APIError, bad_request, from_specpack, from
 from specpack.serve.config import ServeConfig
 from specpack.serve.decoder import Aborted, Decoder, DecodeSpec, Done, Event, Failed, Job, Piece
 from specpack.serve.metrics import ServerMetrics, StatusMiddleware
-from specpack.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from specpack.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, check_unique_keys
 from specpack.serve.responses import Shapes, sse
 from specpack.validation import PackLimits, check_context, check_generate_args
 
@@ -131,10 +131,12 @@ class Api:
         return Response(body, media_type=content_type)
 
     async def _parse(self, request: Request, model: type[R]) -> R:
+        body = await self._body(request)
         try:
-            req = model.model_validate_json(await self._body(request))
+            req = model.model_validate_json(body)
         except ValidationError as err:
             raise from_validation(err) from err
+        check_unique_keys(body)
         self._check_model(req.model)
         req.check_supported()
         return req
