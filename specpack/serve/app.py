@@ -7,8 +7,9 @@
     GET  /health                200 while serving, 503 while shutting down
     GET  /metrics               Prometheus text (specpack.serve.metrics)
 
-A request is parsed and checked (400 with an OpenAI error object), queued (429 when the queue is full), and
-answered from the decoder's events. A client that disconnects, whether waiting or decoding, aborts its job.
+A request is parsed (400 with an OpenAI error object); it takes a place in the queue (429 when the queue is full)
+before its prompt is tokenized (one at a time) and checked, and is answered from the decoder's events. A client
+that disconnects, whether waiting or decoding, aborts its job.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ class Api:
         self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, model
         self.max_body_bytes = max_body_bytes
         self.drafter = drafter  # `specpack serve --drafter`; None: the pack's own
+        self._tokenizing = asyncio.Lock()
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
@@ -82,27 +84,34 @@ class Api:
                 raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt",
                                   code="unsupported_value")
             prompt = prompt[0]
-        try:  # tokenizing is CPU work: off the event loop, so /health and streams stay live meanwhile
-            ids = await run_in_threadpool(self.pack.encode, prompt)
-        except SpecpackError as err:
-            raise from_specpack(err, param="prompt") from err
-        spec = self._spec(req, ids, req.max_tokens, param="prompt")
-        return await self._answer(request, req, spec, Shapes(self.model, chat=False))
+        with self.decoder.place() as enqueue:  # 429 / 503 before the prompt costs anything
+            ids = await self._tokenize("prompt", self.pack.encode, prompt)
+            job = enqueue(self._spec(req, ids, req.max_tokens, param="prompt"))
+        return await self._answer(request, req, job, Shapes(self.model, chat=False))
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self._parse(request, ChatCompletionRequest)
         roles = _template_roles(self.pack.tokenizer.chat_template)
         messages = [{"role": roles.get(m.role, m.role), "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in req.messages]
-        try:
-            ids = await run_in_threadpool(self.pack.tokenizer.encode_messages, messages, add_generation_prompt=True)
-        except SpecpackError as err:
-            raise from_specpack(err, param="messages") from err
-        if req.max_completion_tokens is not None:
-            spec = self._spec(req, ids, req.max_completion_tokens, param="messages", tokens="max_completion_tokens")
-        else:
-            spec = self._spec(req, ids, req.max_tokens, param="messages")
-        return await self._answer(request, req, spec, Shapes(self.model, chat=True))
+        with self.decoder.place() as enqueue:
+            ids = await self._tokenize("messages", self.pack.tokenizer.encode_messages, messages,
+                                       add_generation_prompt=True)
+            if req.max_completion_tokens is not None:
+                spec = self._spec(req, ids, req.max_completion_tokens, param="messages", tokens="max_completion_tokens")
+            else:
+                spec = self._spec(req, ids, req.max_tokens, param="messages")
+            job = enqueue(spec)
+        return await self._answer(request, req, job, Shapes(self.model, chat=True))
+
+    async def _tokenize(self, param: str, encode: Callable[..., list[int]], *args: Any, **kwargs: Any) -> list[int]:
+        """Text -> ids in a worker thread (CPU work: /health and streams stay live meanwhile), one request at a time:
+        tokenizing costs about 100 times the text's size in memory at its peak, so concurrent ones would add up."""
+        async with self._tokenizing:
+            try:
+                return await run_in_threadpool(encode, *args, **kwargs)
+            except SpecpackError as err:
+                raise from_specpack(err, param=param) from err
 
     async def models(self, _: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._card()]})
@@ -189,9 +198,8 @@ class Api:
             raise from_specpack(err, param="drafter", code="invalid_value") from err
         return DecodeSpec(args, req.stop_strings(), drafter)
 
-    async def _answer(self, request: Request, req: SamplingRequest, spec: DecodeSpec, shapes: Shapes) -> Response:
-        """Queue the job; answer with one JSON body, or stream once the first event is in."""
-        job = self.decoder.submit(spec)
+    async def _answer(self, request: Request, req: SamplingRequest, job: Job, shapes: Shapes) -> Response:
+        """Answer a queued job with one JSON body, or stream once the first event is in."""
         watcher = _on_disconnect(request, lambda: self.decoder.abort(job, "disconnect"))
         streaming = False
         try:
