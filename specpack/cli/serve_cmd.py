@@ -35,15 +35,19 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--model-name", default=None, help="The model name clients send (default: the pack directory's name).")
 @click.option("--max-body-bytes", type=int, default=D["max_body_bytes"], show_default=True,
               help="Longest request body accepted; a longer one is answered 413 before it is parsed or tokenized.")
+@click.option("--read-timeout", "read_timeout_s", type=float, default=D["read_timeout_s"], show_default=True,
+              help="Seconds a request's head, then its body, may take to arrive; then it is answered 408 and closed.")
+@click.option("--max-connections", type=int, default=D["max_connections"], show_default=True,
+              help="Open connections served at once; more are answered 503 and closed.")
 @user_errors
 def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, drafter: str | None, ngram_min: int,
                   ngram_max: int, max_queue: int, timeout_s: float, shutdown_grace_s: float, model_name: str | None,
-                  max_body_bytes: int) -> None:
+                  max_body_bytes: int, read_timeout_s: float, max_connections: int) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
     config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), drafter=drafter,
                          ngram=ngram_config(ngram_min, ngram_max), max_queue=max_queue,
                          timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
-                         max_body_bytes=max_body_bytes)
+                         max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s, max_connections=max_connections)
     try:
         from specpack.serve.server import serve
     except ImportError as err:

@@ -7,9 +7,10 @@
     GET  /health                200 while serving, 503 while shutting down
     GET  /metrics               Prometheus text (specpack.serve.metrics)
 
-A request is parsed (400 with an OpenAI error object); it takes a place in the queue (429 when the queue is full)
-before its prompt is tokenized (one at a time) and checked, and is answered from the decoder's events. A client
-that disconnects, whether waiting or decoding, aborts its job.
+A request's body is read within --max-body-bytes and --read-timeout (body.py) and parsed (400 with an OpenAI
+error object); it takes a place in the queue (429 when the queue is full) before its prompt is tokenized (one at a
+time) and checked, and is answered from the decoder's events. A client that disconnects, whether waiting or
+decoding, aborts its job.
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from starlette.types import Receive, Scope, Send
 
 from specpack.errors import SpecpackError
 from specpack.serve.api_errors import APIError, bad_request, from_specpack, from_validation, request_param
+from specpack.serve.body import read_body
 from specpack.serve.config import ServeConfig
 from specpack.serve.decoder import Aborted, Decoder, DecodeSpec, Done, Event, Failed, Job, Piece
+from specpack.serve.guard import FramingGuard
 from specpack.serve.metrics import ServerMetrics, StatusMiddleware
 from specpack.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, check_unique_keys
 from specpack.serve.responses import Shapes, sse
@@ -45,7 +48,7 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
     """The app over a loaded pack; its lifespan starts and stops the decoder."""
     metrics = ServerMetrics()
     decoder = Decoder(pack, metrics, k=config.k, max_queue=config.max_queue, timeout_s=config.timeout_s)
-    api = Api(pack, decoder, metrics, config.served_name, config.max_body_bytes, config.drafter)
+    api = Api(pack, decoder, metrics, config)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -63,17 +66,18 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.add_middleware(FramingGuard)
     app.add_middleware(StatusMiddleware, metrics=metrics, routes=frozenset(r.path for r in routes))
     app.state.decoder = decoder
+    app.state.config = config  # the server reads its connection limits from here
     return app
 
 
 class Api:
-    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str, max_body_bytes: int,
-                 drafter: str | None = None) -> None:
-        self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, model
-        self.max_body_bytes = max_body_bytes
-        self.drafter = drafter  # `specpack serve --drafter`; None: the pack's own
+    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, config: ServeConfig) -> None:
+        self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, config.served_name
+        self.max_body_bytes, self.read_timeout_s = config.max_body_bytes, config.read_timeout_s
+        self.drafter = config.drafter  # `specpack serve --drafter`; None: the pack's own
         self._tokenizing = asyncio.Lock()
 
     async def completions(self, request: Request) -> Response:
@@ -140,7 +144,8 @@ class Api:
         return Response(body, media_type=content_type)
 
     async def _parse(self, request: Request, model: type[R]) -> R:
-        body = await self._body(request)
+        assert self.decoder.stopping is not None  # the lifespan started the decoder
+        body = await read_body(request, self.max_body_bytes, self.read_timeout_s, self.decoder.stopping)
         try:
             req = model.model_validate_json(body)
         except ValidationError as err:
@@ -149,24 +154,6 @@ class Api:
         self._check_model(req.model)
         req.check_supported()
         return req
-
-    async def _body(self, request: Request) -> bytes:
-        """The request body, refused (413) as soon as it is known to pass --max-body-bytes: from its
-        Content-Length, or while it arrives (chunked bodies), never read whole first."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise self._too_large(f"{int(declared)} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise self._too_large(f"more than {self.max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _too_large(self, found: str) -> APIError:
-        return APIError(413, f"the request body is too large: {found}; this server accepts up to {self.max_body_bytes} "
-                             "bytes (`specpack serve --max-body-bytes`)", param=None, code="request_too_large")
 
     def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str,
               tokens: str = "max_tokens") -> DecodeSpec:

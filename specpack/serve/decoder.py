@@ -107,6 +107,7 @@ class Decoder:
         self.pack, self.metrics = pack, metrics
         self.k, self.max_queue, self.timeout_s = k, max_queue, timeout_s
         self.draining = False
+        self.stopping: asyncio.Event | None = None  # set when draining begins: request bodies still arriving get 503
         self._held = 0  # places held by requests being tokenized (place())
         self._waiting: deque[Job] = deque()
         self._wakeup: asyncio.Event | None = None
@@ -120,6 +121,7 @@ class Decoder:
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
+        self.stopping = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._dispatch())
 
     @contextmanager
@@ -178,8 +180,13 @@ class Decoder:
 
     def drain(self, grace_s: float | None = None) -> None:
         """Shutting down: refuse new requests, abort the waiting ones; the decoding one may go on for grace_s
-        seconds (None: until it ends), then is aborted (its client gets a 503, in the stream if one started)."""
+        seconds (None: until it ends), then is aborted (its client gets a 503, in the stream if one started).
+        Only the first call counts: a signal and the server's shutdown both drain."""
+        if self.draining:
+            return
         self.draining = True
+        if self.stopping is not None:
+            self.stopping.set()
         for job in list(self._waiting):
             self.abort(job, "shutdown")
         if grace_s is not None:

@@ -1,4 +1,5 @@
-"""Requests are read strictly: a neutral value must have its JSON type, and keys may not repeat."""
+"""Requests are read strictly: a neutral value must have its JSON type, keys may not repeat, framing may not be
+ambiguous, and every refusal at the HTTP level is an OpenAI error object (uvicorn's are plain text)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import pytest
 from conftest import MODEL, Live
-from raw_http import post
+from raw_http import answer, closed, connect, is_error_object, post
 
 
 def completion(**fields: Any) -> bytes:
@@ -40,3 +41,29 @@ def test_repeated_keys_are_refused(live: Live, path: str, body: bytes, key: str)
     status, payload = post(live.url, path, body)
     assert status == 400 and payload["error"]["code"] == "invalid_json", payload
     assert f'duplicate key "{key}"' in payload["error"]["message"]
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_closed(live: Live) -> None:
+    body = completion()
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    with connect(live.url) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked)
+        status, headers, error = answer(sock)
+        assert status == 400 and is_error_object(error) and error["code"] == "invalid_http_request", error
+        assert "Content-Length and Transfer-Encoding" in error["message"]
+        assert headers["connection"] == "close" and closed(sock)
+
+
+@pytest.mark.parametrize(("raw", "status"), [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /health HTTP/1.1\r\nHost: test\r\nNo colon here\r\n\r\n", 400),
+    (b"GET /health HTTP/1.1\r\nHost: test\r\nX-Big: " + b"a" * 300_000 + b"\r\n\r\n", 431),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+])
+def test_protocol_errors_are_error_objects(live: Live, raw: bytes, status: int) -> None:
+    with connect(live.url) as sock:
+        sock.sendall(raw)
+        got, headers, error = answer(sock)
+        assert got == status and is_error_object(error) and error["code"] == "invalid_http_request", (got, error)
+        assert headers["content-type"] == "application/json" and closed(sock)
