@@ -1,7 +1,8 @@
 """Load a pack and serve it with uvicorn until SIGTERM or SIGINT.
 
-Shutdown (SIGTERM, SIGINT): uvicorn stops accepting connections; the decoder refuses new requests (503) and
-aborts the waiting ones (503); the running decode may finish within `shutdown_grace_s`, after which it is
+Shutdown (SIGTERM, SIGINT, or leaving serve_in_thread): uvicorn stops accepting connections; the decoder refuses
+new requests (503) and aborts the waiting ones (503); requests whose head or body is still arriving get 503 too
+(connection.py, body.py); the running decode may finish within `shutdown_grace_s`, after which it is
 aborted (a 503, in the stream if one started: the response still ends cleanly). uvicorn waits for the
 responses to end (cancelling their tasks only as a backstop, BACKSTOP_S later), the app's lifespan waits for
 the worker thread, and the pack is closed.
