@@ -11,6 +11,7 @@ from typing import Any
 import openai
 from conftest import MODEL, Live
 from raw_http import answer, closed, connect, is_error_object, post_head, request
+from serve_harness import wait_until
 
 from specpack.serve.app import build_app
 from specpack.serve.config import ServeConfig
@@ -24,6 +25,12 @@ def server(live: Live, **options: Any) -> Iterator[str]:
     config = ServeConfig(live.pack_dir, model_name=MODEL, **options)
     with serve_in_thread(build_app(live.pack, config)) as url:
         yield url
+
+
+def health(url: str) -> int:
+    with connect(url) as sock:
+        sock.sendall(request("GET", "/health"))
+        return answer(sock)[0]
 
 
 def test_partial_heads_and_bodies_are_answered_408_and_closed(live: Live) -> None:
@@ -77,7 +84,4 @@ def test_connections_past_max_connections_get_503_error_objects(live: Live) -> N
         assert answer(held[0])[0] == 200
         for sock in held[1:]:
             sock.close()
-        time.sleep(0.1)
-        with connect(url) as again:  # a freed place is taken again
-            again.sendall(request("GET", "/health"))
-            assert answer(again)[0] == 200
+        assert wait_until(lambda: health(url) == 200, timeout=5)  # freed places are taken again
