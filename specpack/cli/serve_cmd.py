@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -12,7 +11,7 @@ from specpack.cli.errors import user_errors
 from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
-from specpack.limits import check_k, parse_k
+from specpack.limits import parse_k
 from specpack.runtime.backend import BACKENDS
 from specpack.serve.config import ServeConfig
 
@@ -37,37 +36,24 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--model-name", default=None, help="The model name clients send (default: the pack directory's name).")
 @click.option("--max-body-bytes", type=int, default=D["max_body_bytes"], show_default=True,
               help="Longest request body accepted; a longer one is answered 413 before it is parsed or tokenized.")
+@click.option("--read-timeout", "read_timeout_s", type=float, default=D["read_timeout_s"], show_default=True,
+              help="Seconds a request's head, then its body, may take to arrive; then it is answered 408 and closed.")
+@click.option("--max-connections", type=int, default=D["max_connections"], show_default=True,
+              help="Open connections served at once; more are answered 503 and closed.")
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
 def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, drafter: str | None, ngram_min: int,
                   ngram_max: int, max_queue: int, timeout_s: float, shutdown_grace_s: float, model_name: str | None,
-                  max_body_bytes: int, manifest_sha256: str | None) -> None:
+                  max_body_bytes: int, read_timeout_s: float, max_connections: int, manifest_sha256: str | None) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
     config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), drafter=drafter,
                          ngram=ngram_config(ngram_min, ngram_max), max_queue=max_queue,
                          timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
-                         max_body_bytes=max_body_bytes)
+                         max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s, max_connections=max_connections,
+                         manifest_sha256=manifest_sha256)
     try:
         from specpack.serve.server import serve
     except ImportError as err:
         raise SpecpackError("`specpack serve` needs the serve extra", expected="starlette, uvicorn, prometheus-client",
                             found=f"{err.name} is not installed", hint="pip install 'specpack[serve]'") from err
-    if manifest_sha256 is None:
-        serve(config)  # the server loads the pack itself
-    else:
-        serve(config, _load_pinned(config, manifest_sha256))
-
-
-def _load_pinned(config: ServeConfig, manifest_sha256: str) -> Any:
-    """specpack.load with the pin (docs/security.md), then the checks the server makes of a pack it loads itself."""
-    import specpack
-
-    pack = specpack.load(config.pack, device=config.device, ngram=config.ngram, manifest_sha256=manifest_sha256)
-    try:
-        if config.k is not None:
-            check_k(config.k, pack.manifest.k_max, what="--k")
-        pack.drafter_named(config.drafter)
-    except SpecpackError:
-        pack.close()
-        raise
-    return pack
+    serve(config)  # loads the pack (pinned: every file hashed as read, every graph opened) before it listens

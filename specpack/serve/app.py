@@ -7,8 +7,10 @@
     GET  /health                200 while serving, 503 while shutting down
     GET  /metrics               Prometheus text (specpack.serve.metrics)
 
-A request is parsed and checked (400 with an OpenAI error object), queued (429 when the queue is full), and
-answered from the decoder's events. A client that disconnects, whether waiting or decoding, aborts its job.
+A request's body is read within --max-body-bytes and --read-timeout (body.py) and parsed (400 with an OpenAI
+error object); it takes a place in the queue (429 when the queue is full) before its prompt is tokenized (one at a
+time) and checked, and is answered from the decoder's events. A client that disconnects, whether waiting or
+decoding, aborts its job.
 """
 
 from __future__ import annotations
@@ -29,10 +31,12 @@ from starlette.types import Receive, Scope, Send
 
 from specpack.errors import SpecpackError
 from specpack.serve.api_errors import APIError, bad_request, from_specpack, from_validation, request_param
+from specpack.serve.body import read_body
 from specpack.serve.config import ServeConfig
 from specpack.serve.decoder import Aborted, Decoder, DecodeSpec, Done, Event, Failed, Job, Piece
+from specpack.serve.guard import FramingGuard
 from specpack.serve.metrics import ServerMetrics, StatusMiddleware
-from specpack.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest
+from specpack.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, check_unique_keys
 from specpack.serve.responses import Shapes, sse
 from specpack.validation import PackLimits, check_context, check_generate_args
 
@@ -44,7 +48,7 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
     """The app over a loaded pack; its lifespan starts and stops the decoder."""
     metrics = ServerMetrics()
     decoder = Decoder(pack, metrics, k=config.k, max_queue=config.max_queue, timeout_s=config.timeout_s)
-    api = Api(pack, decoder, metrics, config.served_name, config.max_body_bytes, config.drafter)
+    api = Api(pack, decoder, metrics, config)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -62,17 +66,19 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
                     exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _internal_error})
+    app.add_middleware(FramingGuard)
     app.add_middleware(StatusMiddleware, metrics=metrics, routes=frozenset(r.path for r in routes))
     app.state.decoder = decoder
+    app.state.config = config  # the server reads its connection limits from here
     return app
 
 
 class Api:
-    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, model: str, max_body_bytes: int,
-                 drafter: str | None = None) -> None:
-        self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, model
-        self.max_body_bytes = max_body_bytes
-        self.drafter = drafter  # `specpack serve --drafter`; None: the pack's own
+    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, config: ServeConfig) -> None:
+        self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, config.served_name
+        self.max_body_bytes, self.read_timeout_s = config.max_body_bytes, config.read_timeout_s
+        self.drafter = config.drafter  # `specpack serve --drafter`; None: the pack's own
+        self._tokenizing = asyncio.Lock()
 
     async def completions(self, request: Request) -> Response:
         req = await self._parse(request, CompletionRequest)
@@ -82,27 +88,34 @@ class Api:
                 raise bad_request("batched prompts are not supported: send one prompt per request", param="prompt",
                                   code="unsupported_value")
             prompt = prompt[0]
-        try:  # tokenizing is CPU work: off the event loop, so /health and streams stay live meanwhile
-            ids = await run_in_threadpool(self.pack.encode, prompt)
-        except SpecpackError as err:
-            raise from_specpack(err, param="prompt") from err
-        spec = self._spec(req, ids, req.max_tokens, param="prompt")
-        return await self._answer(request, req, spec, Shapes(self.model, chat=False))
+        with self.decoder.place() as enqueue:  # 429 / 503 before the prompt costs anything
+            ids = await self._tokenize("prompt", self.pack.encode, prompt)
+            job = enqueue(self._spec(req, ids, req.max_tokens, param="prompt"))
+        return await self._answer(request, req, job, Shapes(self.model, chat=False))
 
     async def chat_completions(self, request: Request) -> Response:
         req = await self._parse(request, ChatCompletionRequest)
         roles = _template_roles(self.pack.tokenizer.chat_template)
         messages = [{"role": roles.get(m.role, m.role), "content": m.text(), **({"name": m.name} if m.name else {})}
                     for m in req.messages]
-        try:
-            ids = await run_in_threadpool(self.pack.tokenizer.encode_messages, messages, add_generation_prompt=True)
-        except SpecpackError as err:
-            raise from_specpack(err, param="messages") from err
-        if req.max_completion_tokens is not None:
-            spec = self._spec(req, ids, req.max_completion_tokens, param="messages", tokens="max_completion_tokens")
-        else:
-            spec = self._spec(req, ids, req.max_tokens, param="messages")
-        return await self._answer(request, req, spec, Shapes(self.model, chat=True))
+        with self.decoder.place() as enqueue:
+            ids = await self._tokenize("messages", self.pack.tokenizer.encode_messages, messages,
+                                       add_generation_prompt=True)
+            if req.max_completion_tokens is not None:
+                spec = self._spec(req, ids, req.max_completion_tokens, param="messages", tokens="max_completion_tokens")
+            else:
+                spec = self._spec(req, ids, req.max_tokens, param="messages")
+            job = enqueue(spec)
+        return await self._answer(request, req, job, Shapes(self.model, chat=True))
+
+    async def _tokenize(self, param: str, encode: Callable[..., list[int]], *args: Any, **kwargs: Any) -> list[int]:
+        """Text -> ids in a worker thread (CPU work: /health and streams stay live meanwhile), one request at a time:
+        tokenizing costs about 100 times the text's size in memory at its peak, so concurrent ones would add up."""
+        async with self._tokenizing:
+            try:
+                return await run_in_threadpool(encode, *args, **kwargs)
+            except SpecpackError as err:
+                raise from_specpack(err, param=param) from err
 
     async def models(self, _: Request) -> Response:
         return JSONResponse({"object": "list", "data": [self._card()]})
@@ -131,31 +144,16 @@ class Api:
         return Response(body, media_type=content_type)
 
     async def _parse(self, request: Request, model: type[R]) -> R:
+        assert self.decoder.stopping is not None  # the lifespan started the decoder
+        body = await read_body(request, self.max_body_bytes, self.read_timeout_s, self.decoder.stopping)
         try:
-            req = model.model_validate_json(await self._body(request))
+            req = model.model_validate_json(body)
         except ValidationError as err:
             raise from_validation(err) from err
+        check_unique_keys(body)
         self._check_model(req.model)
         req.check_supported()
         return req
-
-    async def _body(self, request: Request) -> bytes:
-        """The request body, refused (413) as soon as it is known to pass --max-body-bytes: from its
-        Content-Length, or while it arrives (chunked bodies), never read whole first."""
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.max_body_bytes:
-            raise self._too_large(f"{int(declared)} bytes")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                raise self._too_large(f"more than {self.max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _too_large(self, found: str) -> APIError:
-        return APIError(413, f"the request body is too large: {found}; this server accepts up to {self.max_body_bytes} "
-                             "bytes (`specpack serve --max-body-bytes`)", param=None, code="request_too_large")
 
     def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str,
               tokens: str = "max_tokens") -> DecodeSpec:
@@ -187,9 +185,8 @@ class Api:
             raise from_specpack(err, param="drafter", code="invalid_value") from err
         return DecodeSpec(args, req.stop_strings(), drafter)
 
-    async def _answer(self, request: Request, req: SamplingRequest, spec: DecodeSpec, shapes: Shapes) -> Response:
-        """Queue the job; answer with one JSON body, or stream once the first event is in."""
-        job = self.decoder.submit(spec)
+    async def _answer(self, request: Request, req: SamplingRequest, job: Job, shapes: Shapes) -> Response:
+        """Answer a queued job with one JSON body, or stream once the first event is in."""
         watcher = _on_disconnect(request, lambda: self.decoder.abort(job, "disconnect"))
         streaming = False
         try:

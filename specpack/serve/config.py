@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from specpack.errors import SpecpackError
 from specpack.limits import DRAFTERS, check_k
 from specpack.runtime.ngram_drafter import NgramConfig
+
+MAX_READ_TIMEOUT_S = 3600.0  # a longer one would let slow clients hold connections for hours
+MAX_CONNECTIONS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,9 @@ class ServeConfig:
     shutdown_grace_s: float = 30.0   # on SIGTERM, in-flight requests get this long to finish, then are cancelled
     model_name: str | None = None    # the `model` clients send; None: the pack directory's name
     max_body_bytes: int = 1 << 20    # a longer request body is refused (413) before it is parsed or tokenized
+    read_timeout_s: float = 30.0     # a request's head, and then its body, must arrive within this long (408)
+    max_connections: int = 256       # open connections; more are answered 503 and closed (the fd budget: descriptors.py)
+    manifest_sha256: str | None = None  # the pin: specpack.load refuses any other manifest (docs/security.md)
 
     def __post_init__(self) -> None:
         if self.k is not None:
@@ -32,12 +39,19 @@ class ServeConfig:
             raise SpecpackError("invalid --drafter", expected=" | ".join(DRAFTERS), found=repr(self.drafter))
         if self.max_queue < 0:
             raise SpecpackError("invalid --max-queue", expected="an integer >= 0", found=str(self.max_queue))
-        if not self.timeout_s > 0:
-            raise SpecpackError("invalid --timeout", expected="seconds > 0", found=str(self.timeout_s))
-        if not self.shutdown_grace_s >= 0:
-            raise SpecpackError("invalid --shutdown-grace", expected="seconds >= 0", found=str(self.shutdown_grace_s))
+        if not 0 < self.timeout_s < math.inf:
+            raise SpecpackError("invalid --timeout", expected="seconds > 0, finite", found=str(self.timeout_s))
+        if not 0 <= self.shutdown_grace_s < math.inf:
+            raise SpecpackError("invalid --shutdown-grace", expected="seconds >= 0, finite",
+                                found=str(self.shutdown_grace_s))
         if self.max_body_bytes < 1:
             raise SpecpackError("invalid --max-body-bytes", expected="an integer >= 1", found=str(self.max_body_bytes))
+        if not 0 < self.read_timeout_s <= MAX_READ_TIMEOUT_S:
+            raise SpecpackError("invalid --read-timeout", expected=f"seconds in (0, {MAX_READ_TIMEOUT_S:g}]",
+                                found=str(self.read_timeout_s))
+        if not 1 <= self.max_connections <= MAX_CONNECTIONS:
+            raise SpecpackError("invalid --max-connections", expected=f"an integer in 1..{MAX_CONNECTIONS}",
+                                found=str(self.max_connections))
         if not 0 <= self.port < 65536:
             raise SpecpackError("invalid --port", expected="0..65535", found=str(self.port))
 

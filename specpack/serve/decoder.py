@@ -18,8 +18,9 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,8 @@ class Decoder:
         self.pack, self.metrics = pack, metrics
         self.k, self.max_queue, self.timeout_s = k, max_queue, timeout_s
         self.draining = False
+        self.stopping: asyncio.Event | None = None  # set when draining begins: request bodies still arriving get 503
+        self._held = 0  # places held by requests being tokenized (place())
         self._waiting: deque[Job] = deque()
         self._wakeup: asyncio.Event | None = None
         self._current: Job | None = None
@@ -118,16 +121,37 @@ class Decoder:
 
     def start(self) -> None:
         self._wakeup = asyncio.Event()
+        self.stopping = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._dispatch())
+
+    @contextmanager
+    def place(self) -> Iterator[Callable[[DecodeSpec], Job]]:
+        """Hold a place in the queue while the request is tokenized and checked, so that a request is refused (503,
+        429) before its prompt costs memory; yields `enqueue(spec) -> Job`. Held places count as waiting requests."""
+        self._check_room()
+        self._held += 1
+        try:
+            yield self._enqueue
+        finally:
+            self._held -= 1
 
     def submit(self, spec: DecodeSpec) -> Job:
         """Queue a decode, or refuse it at once: 503 while shutting down, 429 when the queue is full."""
+        with self.place() as enqueue:
+            return enqueue(spec)
+
+    def _check_room(self) -> None:
         if self.draining or self._wakeup is None:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
-        if len(self._waiting) >= self.max_queue and (self._current is not None or self._waiting):
-            retry = max(1, math.ceil(self._mean_s * (len(self._waiting) + 1)))
-            raise APIError(429, f"the queue is full ({len(self._waiting)} requests waiting); retry in {retry} s",
+        pending = len(self._waiting) + self._held
+        if pending >= self.max_queue and (self._current is not None or pending):
+            retry = max(1, math.ceil(self._mean_s * (pending + 1)))
+            raise APIError(429, f"the queue is full ({pending} requests waiting); retry in {retry} s",
                            type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})
+
+    def _enqueue(self, spec: DecodeSpec) -> Job:
+        if self.draining or self._wakeup is None:  # shutdown began while the request was being tokenized
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         loop = asyncio.get_running_loop()
         job = Job(spec, loop)
         job.timer = loop.call_later(self.timeout_s, self.abort, job, "timeout")
@@ -156,8 +180,13 @@ class Decoder:
 
     def drain(self, grace_s: float | None = None) -> None:
         """Shutting down: refuse new requests, abort the waiting ones; the decoding one may go on for grace_s
-        seconds (None: until it ends), then is aborted (its client gets a 503, in the stream if one started)."""
+        seconds (None: until it ends), then is aborted (its client gets a 503, in the stream if one started).
+        Only the first call counts: a signal and the server's shutdown both drain."""
+        if self.draining:
+            return
         self.draining = True
+        if self.stopping is not None:
+            self.stopping.set()
         for job in list(self._waiting):
             self.abort(job, "shutdown")
         if grace_s is not None:

@@ -1,10 +1,11 @@
 """Request bodies of the OpenAI API that the server accepts, as pydantic models.
 
-Unknown fields are refused (as OpenAI does). Fields of the API that specpack does not implement are accepted
-only at their neutral value (`n` 1, `logprobs` off, penalties 0, ...): anything else is a 400 that names the
-field, never silently ignored. `stream_options` only with `stream: true` (as OpenAI). Extensions: `top_k` (0 or -1
-disables, as vLLM) and `drafter` ("model" | "ngram": who drafts for this request; default: `specpack serve --drafter`,
-else the pack's own).
+Unknown fields are refused (as OpenAI does), and so are repeated keys. Fields of the API that specpack does not
+implement are accepted only at their neutral value (`n` 1, `logprobs` off, penalties 0, ...), of the same JSON
+type (`n: true` and `logprobs: 0.0` are refused): anything else is a 400 that names the field, never silently
+ignored. `stream_options` only with `stream: true` (as OpenAI). Extensions: `top_k` (0 or -1 disables, as vLLM)
+and `drafter` ("model" | "ngram": who drafts for this request; default: `specpack serve --drafter`, else the
+pack's own).
 
 These models check the JSON types only; the values (ranges of max_tokens, temperature, top_p, top_k, seed) are
 checked by specpack.validation, as for Pack.generate, so both refuse the same requests.
@@ -40,6 +41,41 @@ NEUTRAL: dict[str, tuple[Any, ...]] = {
 
 
 NonEmpty = Annotated[str, Field(min_length=1)]
+
+
+def is_neutral(value: Any, neutral: tuple[Any, ...]) -> bool:
+    """Equal to one of the neutral values and of its JSON type: `true` is not 1 and `0.0` is not 0 (Python's == says
+    they are); a container's items are compared the same way."""
+    return any(_same(value, v) for v in neutral)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def check_unique_keys(body: bytes) -> None:
+    """Refuse a body whose objects repeat a key (`{"n": 1, "n": 5}`): JSON parsers disagree on which one counts, so a
+    proxy and this server could read different requests. Run after pydantic accepted the body (so its nesting is
+    bounded)."""
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise bad_request(f"duplicate key {json.dumps(key)} in the request body", code="invalid_json")
+            out[key] = value
+        return out
+
+    try:
+        json.loads(body, object_pairs_hook=unique)
+    except (ValueError, RecursionError) as err:
+        raise bad_request(f"the request body is not valid JSON: {err}", code="invalid_json") from None
 
 
 class _Request(BaseModel):
@@ -83,7 +119,7 @@ class SamplingRequest(_Request):
                               param="stream_options", code="invalid_value")
         for name, neutral in NEUTRAL.items():
             value = getattr(self, name, None)
-            if value not in neutral:
+            if not is_neutral(value, neutral):
                 shown = ", ".join("null" if v is None else json.dumps(v) for v in neutral)
                 raise bad_request(f"'{name}' = {json.dumps(value)} is not supported by this server (supported: {shown})",
                                   param=name, code="unsupported_value")

@@ -1,7 +1,8 @@
 """Load a pack and serve it with uvicorn until SIGTERM or SIGINT.
 
-Shutdown (SIGTERM, SIGINT): uvicorn stops accepting connections; the decoder refuses new requests (503) and
-aborts the waiting ones (503); the running decode may finish within `shutdown_grace_s`, after which it is
+Shutdown (SIGTERM, SIGINT, or leaving serve_in_thread): uvicorn stops accepting connections; the decoder refuses
+new requests (503) and aborts the waiting ones (503); requests whose head or body is still arriving get 503 too
+(connection.py, body.py); the running decode may finish within `shutdown_grace_s`, after which it is
 aborted (a 503, in the stream if one started: the response still ends cleanly). uvicorn waits for the
 responses to end (cancelling their tasks only as a backstop, BACKSTOP_S later), the app's lifespan waits for
 the worker thread, and the pack is closed.
@@ -10,6 +11,7 @@ the worker thread, and the pack is closed.
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import socket
 import threading
@@ -25,17 +27,19 @@ from specpack.errors import SpecpackError
 from specpack.limits import check_k
 from specpack.serve.app import build_app
 from specpack.serve.config import ServeConfig
+from specpack.serve.connection import ConnectionLimits, guarded_protocol
 from specpack.serve.decoder import Decoder
+from specpack.serve.descriptors import AcceptErrorLog, fit_descriptors
 
 BACKSTOP_S = 10  # after the grace period, how long uvicorn waits for responses to end before cancelling them
 
 
 def load_pack(config: ServeConfig) -> Any:
-    """specpack.load(PACK, device=..., ngram=...); --k checked against the pack's k_max and --drafter against the
-    pack's drafters (a pack of the target alone has no draft model), before anything listens."""
+    """specpack.load(PACK, device=..., ngram=..., manifest_sha256=...); --k checked against the pack's k_max and
+    --drafter against the pack's drafters (a pack of the target alone has no draft model), before anything listens."""
     import specpack
 
-    pack = specpack.load(config.pack, device=config.device, ngram=config.ngram)
+    pack = specpack.load(config.pack, device=config.device, ngram=config.ngram, manifest_sha256=config.manifest_sha256)
     try:
         if config.k is not None:
             check_k(config.k, pack.manifest.k_max, what="--k")
@@ -46,8 +50,9 @@ def load_pack(config: ServeConfig) -> Any:
     return pack
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, which also tells the decoder to drain as soon as a shutdown signal arrives."""
+class SpecpackServer(uvicorn.Server):
+    """uvicorn's server that drains the decoder as soon as a shutdown begins (a signal, or should_exit), and logs
+    accept() failures at the descriptor limit one line at a time (descriptors.py)."""
 
     def __init__(self, config: uvicorn.Config, decoder: Decoder, grace_s: float) -> None:
         super().__init__(config)
@@ -56,12 +61,35 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(AcceptErrorLog())
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._loop is not None:  # a signal handler: hand the work to the event loop
             self._loop.call_soon_threadsafe(self.decoder.drain, self.grace_s)
         super().handle_exit(sig, frame)
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        self.decoder.drain(self.grace_s)  # request bodies still arriving get 503 now, not a 500 at the backstop
+        await super().shutdown(sockets)
+
+
+def uvicorn_config(app: Any, config: ServeConfig, **options: Any) -> uvicorn.Config:
+    """uvicorn's settings for build_app's app: the guarded h11 protocol (connection.py) with the config's limits,
+    and specpack's log lines beside uvicorn's."""
+    limits = ConnectionLimits(config.read_timeout_s, config.max_connections)
+    level = str(options.get("log_level", "info")).upper()
+    return uvicorn.Config(app, http=guarded_protocol(limits), lifespan="on", log_config=log_config(level),
+                          timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + BACKSTOP_S, **options)
+
+
+def log_config(level: str) -> dict[str, Any]:
+    """uvicorn's logging configuration, with the `specpack` logger on its default handler at `level`."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    logs = copy.deepcopy(LOGGING_CONFIG)
+    logs["loggers"]["specpack"] = {"handlers": ["default"], "level": level, "propagate": False}
+    return logs
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -87,14 +115,14 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 def serve(config: ServeConfig, pack: Any = None) -> None:
     """Serve the pack (loaded from config.pack unless given); blocks until shutdown, then closes the pack."""
+    fit_descriptors(config.max_connections)
     pack = load_pack(config) if pack is None else pack
     try:
         sock = bind_socket(config.host, config.port)
         try:
             app = build_app(pack, config)
-            uv_config = uvicorn.Config(app, host=config.host, port=config.port, log_level="info", lifespan="on",
-                                       timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + BACKSTOP_S)
-            DrainingServer(uv_config, app.state.decoder, config.shutdown_grace_s).run(sockets=[sock])
+            uv_config = uvicorn_config(app, config, host=config.host, port=config.port, log_level="info")
+            SpecpackServer(uv_config, app.state.decoder, config.shutdown_grace_s).run(sockets=[sock])
         finally:
             sock.close()
     finally:
@@ -106,12 +134,16 @@ def serve_in_thread(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     """Serve an app (build_app's) from a thread of this process on a free port; yields its URL, stops on exit.
 
     For tests and benchmarks, and for services that embed the server: no signal handling (uvicorn installs none
-    outside the main thread), so the caller stops it by leaving the block.
+    outside the main thread), so the caller stops it by leaving the block (which drains the decoder, as SIGTERM
+    does, with the app's --shutdown-grace). The connection limits are the app's config's.
     """
+    config: ServeConfig = app.state.config
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=5))
+    uv_config = uvicorn_config(app, config, log_level="warning")
+    uv_config.timeout_graceful_shutdown = 5
+    server = SpecpackServer(uv_config, app.state.decoder, config.shutdown_grace_s)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="specpack-serve")
     thread.start()
     deadline = time.monotonic() + 60

@@ -107,7 +107,7 @@ def test_serve_takes_the_pin(pack: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     import specpack.serve.server as server
 
     served: list[object] = []
-    monkeypatch.setattr(server, "serve", lambda config, loaded=None: served.append(loaded))
+    monkeypatch.setattr(server, "serve", lambda config, loaded=None: served.append(server.load_pack(config)))
     result = CliRunner().invoke(cli, ["serve", str(pack), "--manifest-sha256", manifest_sha256(pack)])
     assert result.exit_code == 0 and isinstance(served[0], specpack.Pack), result.output
     assert served[0].backend.draft_loaded  # type: ignore[attr-defined]  # pinned: every graph opened at load

@@ -25,7 +25,8 @@ def test_the_cli_does_not_import_the_web_libraries() -> None:
 def test_help_lists_the_options() -> None:
     result = CliRunner().invoke(cli, ["serve", "--help"])
     assert result.exit_code == 0
-    for option in ("--host", "--port", "--device", "--k", "--max-queue", "--timeout", "--shutdown-grace"):
+    for option in ("--host", "--port", "--device", "--k", "--max-queue", "--timeout", "--shutdown-grace", "--read-timeout",
+                   "--max-connections"):
         assert option in result.output
 
 
@@ -41,7 +42,9 @@ def test_k_above_the_packs_k_max_exits_2(live: Live) -> None:
 
 
 def test_bad_option_values_exit_2() -> None:
-    for args in (["--max-queue", "-1"], ["--timeout", "0"], ["--port", "70000"]):
+    for args in (["--max-queue", "-1"], ["--timeout", "0"], ["--port", "70000"], ["--read-timeout", "0"],
+                 ["--read-timeout", "nan"], ["--read-timeout", "1e9"], ["--max-connections", "0"],
+                 ["--shutdown-grace", "inf"], ["--shutdown-grace", "nan"], ["--timeout", "inf"]):
         result = CliRunner().invoke(cli, ["serve", "PACK", *args])
         assert result.exit_code == 2 and "invalid --" in result.output, (args, result.output)
 

@@ -1,4 +1,5 @@
-"""SIGTERM: in-flight requests finish within the grace period, or are cancelled cleanly after it; waiting ones get 503."""
+"""SIGTERM: in-flight requests finish within the grace period, or are cancelled cleanly after it; waiting ones, and
+requests still arriving, get 503."""
 
 from __future__ import annotations
 
@@ -15,7 +16,12 @@ from pathlib import Path
 
 import openai
 from conftest import MODEL, Live
+from raw_http import answer, closed, connect, is_error_object, post_head
 from serve_harness import wait_until
+
+from specpack.serve.app import build_app
+from specpack.serve.config import ServeConfig
+from specpack.serve.server import serve_in_thread
 
 HERE = Path(__file__).resolve().parent
 PROMPT = "def fibonacci(n):\n    "
@@ -98,3 +104,24 @@ def _capture(sink: list[BaseException], call: Callable[[], object]) -> None:
         call()
     except Exception as err:
         sink.append(err)
+
+
+def test_requests_still_arriving_at_shutdown_get_the_503_error_object(live: Live) -> None:
+    """The finding: a half-sent request at shutdown got a plain-text 500 (the backstop cancelled its task)."""
+    config = ServeConfig(live.pack_dir, model_name=MODEL, shutdown_grace_s=0)
+    running = serve_in_thread(build_app(live.pack, config))
+    url = running.__enter__()
+    body, head = connect(url), connect(url)
+    body.sendall(post_head("/v1/completions", 100) + b'{"model": ')
+    head.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: test\r\nContent-")
+    time.sleep(0.1)
+    started = time.monotonic()
+    stopper = threading.Thread(target=running.__exit__, args=(None, None, None))
+    stopper.start()
+    for sock in (body, head):
+        status, _, error = answer(sock)
+        assert status == 503 and is_error_object(error) and error["code"] == "shutting_down", (status, error)
+        assert closed(sock)
+        sock.close()
+    stopper.join(timeout=10)
+    assert not stopper.is_alive() and time.monotonic() - started < 2
