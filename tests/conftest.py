@@ -29,6 +29,7 @@ if _TESTS not in sys.path:  # `import tiny` from any test: pytest puts the rootd
     sys.path.insert(0, _TESTS)
 
 PairFactory = Callable[..., tuple[Path, Path]]
+PAIR_DEFAULTS = {"head_dim": 12, "max_positions": 256, "pad_rows": 0}  # tiny_pairs' (a build's key names them all)
 
 
 SLOW_DEADLINE_ENV = "SPECPACK_SLOW_DEADLINE"  # epoch seconds: slow tests not started by then are skipped (.ci/run)
@@ -98,13 +99,17 @@ def tiny_plain_graph(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callabl
         from specpack.export.graph_form import GraphForm
         from specpack.export.torch_export import export_plain_graph
 
-        draft_dir, target_dir = tiny_pairs(family, **pair)
+        # every draft kind's pair has the same target (tiny.make_pair): one target graph for all
+        draft = "small" if role == "target" else str(pair.pop("draft", "small"))
+        pair.pop("draft", None)
+        options = {**PAIR_DEFAULTS, **pair}
+        draft_dir, target_dir = tiny_pairs(family, draft, **options)
 
         def build(root: Path) -> None:
             export_plain_graph(target_dir if role == "target" else draft_dir, root / f"{role}.onnx", dtype,
                                GraphForm(kv_cache, attention))
 
-        key = ("plain", family, role, dtype, kv_cache, attention, *sorted(pair.items()))
+        key = ("plain", family, role, dtype, kv_cache, attention, draft, *sorted(options.items()))
         return tiny_store.get(key, build) / f"{role}.onnx"
 
     return make
@@ -119,13 +124,15 @@ def tiny_export(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[...
              **config: object) -> Path:
         from specpack.export.pipeline import ExportConfig, export_pack
 
-        draft_dir, target_dir = tiny_pairs(family, draft or "small", **(pair or {}))
+        options = {**PAIR_DEFAULTS, **(pair or {})}
+        draft_dir, target_dir = tiny_pairs(family, draft or "small", **options)
+
+        export_config = ExportConfig(isolate=False, **config)  # type: ignore[arg-type]  # its defaults applied
 
         def build(root: Path) -> None:
-            export_pack(None if draft is None else str(draft_dir), str(target_dir), root / "pack",
-                        ExportConfig(isolate=False, **config))  # type: ignore[arg-type]
+            export_pack(None if draft is None else str(draft_dir), str(target_dir), root / "pack", export_config)
 
-        key = ("pack", family, draft, *sorted((pair or {}).items()), *sorted(config.items()))
+        key = ("pack", family, draft, *sorted(options.items()), export_config)
         return tiny_store.get(key, build) / "pack"
 
     return make
