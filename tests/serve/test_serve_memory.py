@@ -79,7 +79,7 @@ def test_large_prompts_meeting_a_full_queue_are_refused_before_they_are_tokenize
     body = large_body(config)
     with serve_in_thread(build_app(live.pack, config)) as url:
         busy = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
-        live.pack.delay = 0.05
+        live.pack.delay = 0.25  # the decoder stays busy for >= 5 s (>= 22 steps), whatever k and this machine's speed
         running = busy.completions.create(model=MODEL, prompt="x", max_tokens=200, stream=True)
         next(running)  # the decoder is busy and no request may wait: the queue is full
         rss = PeakRSS()

@@ -85,7 +85,9 @@ def test_metrics_count_requests_tokens_and_latencies(client: openai.OpenAI, live
 @pytest.mark.parametrize("state", ["waiting", "decoding"])
 def test_non_streaming_client_that_gives_up_is_cancelled(client: openai.OpenAI, live: Live, state: str) -> None:
     before = scrape(client, live, 'specpack_requests_cancelled_total{reason="disconnect"}')
-    live.pack.delay = 0.05
+    # 0.25 s a step: a decode of LONG tokens takes >= 22 steps (at most k_max + 1 = 9 tokens a step), so >= 5.5 s,
+    # past the client's 1 s whatever k adaptive k picks on this machine (0.05 s made it finish in time there)
+    live.pack.delay = 0.25
     impatient = client.with_options(timeout=1.0)
     running = None
     if state == "waiting":  # another request holds the decoder
