@@ -27,7 +27,7 @@ test with the same seed; the same wrapper made honest gives bit-identical q and 
 deterministic drafts whose q is one-hot on another token (the one-hot rows misplaced) fail its test.
 
 Power (docs/testing.md). `make test` draws SAMPLES = 2,000 generations per setting; the slow set repeats the grid
-at SLOW_SAMPLES = 10,000. At 2,000 the bins (20-117 per setting) detect an effect of Cohen's w >= 0.20-0.27 with
+at SLOW_SAMPLES = 10,000. At 2,000 the bins (20-117 per setting) detect an effect of Cohen's w >= 0.17-0.23 with
 99 % power at P_FAIL; the broken q of test_catches_q_taken_before_the_transform is rejected there at p = 9e-23
 (T 0.5) and 4e-100 (top-k 5), measured 2026-11-27: an effect far above what the test resolves. Each generation
 through ONNX Runtime costs ~1.5 ms (calls on these tiny graphs are overhead, not arithmetic).
