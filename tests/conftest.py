@@ -76,14 +76,15 @@ def tiny_store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
 def tiny_pairs(tiny_store: BuildCache) -> PairFactory:
     """A factory of tiny (draft_dir, target_dir) pairs, one build per distinct argument set."""
 
-    def make(family: str, draft: str = "small", head_dim: int = 12, max_positions: int = 256,
-             pad_rows: int = 0) -> tuple[Path, Path]:
+    def make(family: str, draft: str = "small", **options: int) -> tuple[Path, Path]:
         import tiny
 
-        def build(root: Path) -> None:
-            tiny.make_pair(family, root, draft, head_dim=head_dim, max_positions=max_positions, pad_rows=pad_rows)
+        o = {**PAIR_DEFAULTS, **options}  # head_dim, max_positions, pad_rows
 
-        root = tiny_store.get(("pair", family, draft, head_dim, max_positions, pad_rows), build)
+        def build(root: Path) -> None:
+            tiny.make_pair(family, root, draft, **o)  # type: ignore[arg-type]
+
+        root = tiny_store.get(("pair", family, draft, o["head_dim"], o["max_positions"], o["pad_rows"]), build)
         return root / f"{family}-draft-{draft}", root / f"{family}-target"
 
     return make
@@ -99,9 +100,8 @@ def tiny_plain_graph(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callabl
         from specpack.export.graph_form import GraphForm
         from specpack.export.torch_export import export_plain_graph
 
-        # every draft kind's pair has the same target (tiny.make_pair): one target graph for all
-        draft = "small" if role == "target" else str(pair.pop("draft", "small"))
-        pair.pop("draft", None)
+        requested = str(pair.pop("draft", "small"))
+        draft = "small" if role == "target" else requested  # every draft kind's pair has the same target (tiny.py)
         options = {**PAIR_DEFAULTS, **pair}
         draft_dir, target_dir = tiny_pairs(family, draft, **options)
 
