@@ -5,6 +5,9 @@ buffers (host or device), the draft distributions q, and the KV caches, one set 
 loop and the drafters reach it only through these few methods; per-request data comes in a DecodeState
 (ids, lengths, uniforms, sampling inputs, slot) and goes out as a Proposal's q handle or a VerifyResult.
 
+Every backend is an EngineBackend (runtime/target.py): the verify and draft policy written once, over two
+engines per backend (runtime/engine.py) that only run graphs.
+
     name         module                                 what it runs
     cpu          specpack.runtime.backends.cpu          ONNX Runtime, CPU EP, host buffers (the default)
     cuda         specpack.runtime.backends.cuda         ONNX Runtime, CUDA EP, device buffers, CUDA graphs (static-cache packs)
@@ -88,6 +91,11 @@ class DraftModel(Protocol):
 
 class Backend(Protocol):
     name: str
+
+    @property
+    def draft_loaded(self) -> bool:
+        """Whether the draft model was opened (a request with k = 0, or an n-gram drafter, never opens it)."""
+        ...
 
     def target(self) -> TargetModel:
         """The target model (opened at load)."""

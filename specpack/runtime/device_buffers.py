@@ -64,5 +64,5 @@ class DeviceStaticKVCache(StaticLengthCache):
         super().__init__(max_len, {names.ATTENTION_MASK: self._mask.view(), **dict(zip(past, views, strict=True))},
                          dict(zip(present, views, strict=True)), np.zeros((1, max_len), np.int64))
 
-    def _mask_changed(self) -> None:
-        self._mask.write(self._mask_host)
+    def _mask_changed(self, low: int, high: int) -> None:
+        self._mask.write(self._mask_host)  # the whole [1, max_len]: update_inplace copies whole values

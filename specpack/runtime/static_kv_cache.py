@@ -26,7 +26,7 @@ class StaticLengthCache:
     """The length bookkeeping of a static cache (the KVCache protocol of kv_cache.py), whatever holds its buffers.
 
     Subclasses build the bound dicts once and give `mask_host`, the [1, max_len] int64 mask edited in place;
-    `_mask_changed` is called after an edit (a device cache uploads it there)."""
+    `_mask_changed(low, high)` is called after an edit (a device cache uploads it there)."""
 
     def __init__(self, max_len: int, inputs: dict[str, Any], outputs: dict[str, Any], mask_host: np.ndarray) -> None:
         self.max_len = max_len
@@ -44,16 +44,14 @@ class StaticLengthCache:
                                 found=f"{self.length} cached + {n_new} new",
                                 hint="shorten the prompt or max_new_tokens, or export with a larger --max-len")
         if end != self._mask_end:
-            if end > self._mask_end:
-                self._mask_host[0, self._mask_end : end] = 1
-            else:
-                self._mask_host[0, end : self._mask_end] = 0
+            low, high = sorted((self._mask_end, end))
+            self._mask_host[0, low:high] = 1 if end > self._mask_end else 0
             self._mask_end = end
-            self._mask_changed()
+            self._mask_changed(low, high)
         return self._inputs
 
-    def _mask_changed(self) -> None:
-        """The host mask was edited (a host cache binds it directly: nothing to do)."""
+    def _mask_changed(self, low: int, high: int) -> None:
+        """The host mask's entries [low, high) were edited (a host cache binds it directly: nothing to do)."""
 
     def bind_outputs(self, n_new: int) -> dict[str, Any]:
         """The present buffers: the past buffers themselves (the graph writes rows [length, length + n_new))."""

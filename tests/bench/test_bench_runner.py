@@ -64,7 +64,7 @@ def test_timing_restores_state() -> None:
     costs = measure_step_costs(pack, (1, 4), context=30, filler=[3, 4, 5], reps=3, warmup=1)
     assert costs.context_tokens == 30 and costs.target_step_s > 0 and costs.v(4) > 0
     backend = pack.backend
-    assert backend.target().cached == [0] and backend.draft().cached == [0]  # type: ignore[attr-defined]
+    assert backend.target().engine.cache(0).length == 0 and backend.draft().engine.cache(0).length == 0  # type: ignore[attr-defined]
     out = pack.generate([3, 4, 5], 10, k=4)
     assert out.tokens == pack.generate([3, 4, 5], 10, k=0).tokens
 

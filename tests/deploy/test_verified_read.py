@@ -50,7 +50,7 @@ def test_a_swap_after_a_pinned_load_is_never_used(pack: Path) -> None:
     digest = manifest_sha256(pack)
     loaded = specpack.load(pack, manifest_sha256=digest)
     try:
-        assert loaded.backend.draft_loaded  # type: ignore[attr-defined]  # every graph opened at load
+        assert loaded.backend.draft_loaded  # every graph opened at load
         before = loaded.generate([1, 2, 3, 4], 12, k=3).tokens
         for path in {_weights(pack, "draft"), _weights(pack, "target"), pack / Manifest.read(pack).draft.graph.path}:
             _tamper(path)
@@ -110,7 +110,7 @@ def test_serve_takes_the_pin(pack: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setattr(server, "serve", lambda config, loaded=None: served.append(server.load_pack(config)))
     result = CliRunner().invoke(cli, ["serve", str(pack), "--manifest-sha256", manifest_sha256(pack)])
     assert result.exit_code == 0 and isinstance(served[0], specpack.Pack), result.output
-    assert served[0].backend.draft_loaded  # type: ignore[attr-defined]  # pinned: every graph opened at load
+    assert served[0].backend.draft_loaded  # pinned: every graph opened at load
     served[0].close()
 
 

@@ -25,7 +25,7 @@ def test_static_pack_greedy_equals_target_generate(tiny_pack, family: str, draft
     pack_dir, _, target_dir = tiny_pack(family, draft, kv_cache="static", attention=attention, **pair)
     pack = specpack.load(pack_dir)
     assert pack.manifest.target.graph.kv_cache == "static"
-    assert isinstance(pack.backend.target().caches[0], StaticKVCache)  # type: ignore[attr-defined]
+    assert isinstance(pack.backend.target().engine.caches[0], StaticKVCache)  # type: ignore[attr-defined]
     long_ids = np.random.default_rng(1).integers(0, pack.tokenizer.vocab_size - 8, 100).tolist()
     for prompt in [TEXT_PROMPTS[0], [3], long_ids]:
         ids = pack.encode(prompt)

@@ -93,11 +93,10 @@ def test_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: tuple[P
 @pytest.mark.parametrize("broken", [False, True], ids=["honest", "misplaced-one-hot"])
 def test_ngram_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: tuple[Path, Path, Path], broken: bool,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Prompt lookup (q one-hot, built on the device) through the cuda backend; broken: the one-hot rows put on the
-    next token id instead of the drafted one (the defect class of a deterministic proposal's q), which the same
-    test, at the same size and seed, must reject."""
+    """Prompt lookup (q one-hot, built on the host by runtime/target.py, uploaded by the engine) through the cuda
+    backend; broken: the uploaded one-hot rows put on the next token id instead of the drafted one (the defect
+    class of a deterministic proposal's q), which the same test, at the same size and seed, must reject."""
     from specpack.runtime.backends.cuda import DeviceTarget
-    from specpack.runtime.state import Proposal
     from tests.distribution import ExactPartition, chi_square_pvalue
     from tests.e2e.test_sampling_distribution import (
         NGRAM_SETTINGS,
@@ -115,13 +114,12 @@ def test_ngram_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: t
     part = ExactPartition.build(lambda prefixes: oracle.transform(logits(prefixes), params), pack.manifest.k_max + 2,
                                 pack.eos_ids, SAMPLES)
     if broken:
-        upload = DeviceTarget._upload_one_hot
-        vocab = pack.manifest.vocab_size
+        upload = DeviceTarget.upload_q
 
-        def misplaced(self: DeviceTarget, slot: int, proposal: Proposal) -> object:
-            return upload(self, slot, Proposal(tokens=(np.asarray(proposal.tokens) + 1) % vocab, q=None))
+        def misplaced(self: DeviceTarget, slot: int, host_q: np.ndarray, k: int) -> object:
+            return upload(self, slot, np.roll(host_q, 1, axis=-1), k)  # each row one-hot on the next token
 
-        monkeypatch.setattr(DeviceTarget, "_upload_one_hot", misplaced)
+        monkeypatch.setattr(DeviceTarget, "upload_q", misplaced)
     samples = ngram_samples(pack, prompt, part, params, k, SAMPLES)
     p = chi_square_pvalue([part.bin_of(s) for s in samples.continuations], part.probs)
     print(f"cuda ngram {'misplaced one-hot' if broken else 'honest'}: proposed={samples.proposed} "

@@ -39,7 +39,7 @@ def test_greedy_and_sampled_tokens_equal_the_cpu_backend(static_pack: Path) -> N
             assert dev.generate(prompt, 24, k=k).tokens == cpu.generate(prompt, 24, k=k).tokens, (prompt, k)
         sampled = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}
         assert dev.generate(prompt, 24, k=4, **sampled).tokens == cpu.generate(prompt, 24, k=4, **sampled).tokens
-    assert dev.backend.target()._sessions.keys() == {True, False}  # type: ignore[attr-defined]
+    assert dev.backend.target().engine._sessions.keys() == {True, False}  # type: ignore[attr-defined]
 
 
 def test_chunked_runs_give_the_same_tokens(static_pack: Path) -> None:
@@ -54,7 +54,7 @@ def test_chunked_runs_give_the_same_tokens(static_pack: Path) -> None:
         prompt = rng.integers(0, cpu.tokenizer.vocab_size - 8, length).tolist()
         for k in (0, 3, 8, None):
             assert dev.generate(prompt, 40, k=k).tokens == cpu.generate(prompt, 40, k=k).tokens, (length, k)
-    for model in (dev.backend.target(), dev.backend.draft()):  # type: ignore[attr-defined]
+    for model in (dev.backend.target().engine, dev.backend.draft().engine):  # type: ignore[attr-defined]
         shapes = {key[1] for key in model.slots[0].bindings}
         assert LONG_CHUNK in shapes and shapes - {LONG_CHUNK} <= set(range(1, dev.manifest.k_max + 2)), shapes
 
@@ -62,7 +62,7 @@ def test_chunked_runs_give_the_same_tokens(static_pack: Path) -> None:
 def test_bindings_are_made_once_per_run_shape(static_pack: Path) -> None:
     dev = device_pack(static_pack)
     dev.generate("def add(a, b):", 20, k=4)
-    target = dev.backend.target()  # type: ignore[attr-defined]
+    target = dev.backend.target().engine  # type: ignore[attr-defined]
     first = dict(target.slots[0].bindings)
     dev.generate("Hello there", 20, k=4)
     assert {key: id(b) for key, b in target.slots[0].bindings.items() if key in first} == \
@@ -77,9 +77,9 @@ def test_greedy_single_steps_run_two_rows(static_pack: Path) -> None:
     padded, alone = device_pack(static_pack), device_pack(static_pack, pad_single_steps=False)
     for prompt in ("def add(a, b):", [5]):
         assert padded.generate(prompt, 24, k=0).tokens == alone.generate(prompt, 24, k=0).tokens
-    shapes = {key[1:] for key in padded.backend.target().slots[0].bindings}  # type: ignore[attr-defined]
+    shapes = {key[1:] for key in padded.backend.target().engine.slots[0].bindings}  # type: ignore[attr-defined]
     assert (2, 1) in shapes and (1, 0) not in shapes, shapes  # (rows, k): never one row, even the 1-token prefill
-    shapes = {key[1:] for key in alone.backend.target().slots[0].bindings}  # type: ignore[attr-defined]
+    shapes = {key[1:] for key in alone.backend.target().engine.slots[0].bindings}  # type: ignore[attr-defined]
     assert (1, 0) in shapes and (2, 1) not in shapes, shapes
 
 

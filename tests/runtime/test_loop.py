@@ -11,7 +11,7 @@ import pytest
 from harness import LookupDrafter, ScriptedK, bigram_backend, greedy_reference, run, table
 
 from specpack.errors import SpecpackError
-from specpack.runtime.backends.reference import ReferenceBackend
+from specpack.runtime.backends.reference import ReferenceBackend, bigram_logits
 from specpack.runtime.state import DecodeState
 from specpack.sampling import SamplingParams
 
@@ -59,8 +59,8 @@ def test_draft_catches_up_after_full_acceptance() -> None:
     backend = bigram_backend(t, t)
     run(backend, [1, 2, 3], 30, 3)
     # 1 target prefill + one verify per 4 tokens; the draft runs k times per step
-    assert backend.target().calls == 1 + 29 // 4 + (29 % 4 > 0)
-    draft = backend.draft()
+    assert backend.target().engine.calls == 1 + 29 // 4 + (29 % 4 > 0)
+    draft = backend.draft().engine
     assert draft.new_tokens[0] == 3  # its prefill: the prompt (the first token comes with the first step)
     assert draft.new_tokens[1:4] == [1, 1, 1] and draft.new_tokens[4] == 2  # all 3 accepted: catch-up
 
@@ -97,9 +97,9 @@ def _cache_invariants(backend: ReferenceBackend) -> Callable[[DecodeState], None
     """Before every step: the target caches all committed tokens but the last; the draft no more than that."""
 
     def check(state: DecodeState) -> None:
-        assert backend.target().cached[state.slot] == state.length - 1
+        assert backend.target().engine.cache(state.slot).length == state.length - 1
         if backend.draft_loaded:
-            assert backend.draft().cached[state.slot] <= state.length - 1
+            assert backend.draft().engine.cache(state.slot).length <= state.length - 1
 
     return check
 
@@ -123,7 +123,7 @@ def test_k_from_a_policy_changes_every_step(sampled: bool) -> None:
     assert emitted == 45
     assert state.stats.proposed == sum(verified) and state.stats.proposed_at[7] == verified.count(8)
     # the draft ran only for the k > 0 steps: its prefill, then k steps each (catch-ups included)
-    assert backend.draft().calls == 1 + sum(verified)
+    assert backend.draft().engine.calls == 1 + sum(verified)
 
 
 def test_a_policy_out_of_range_is_refused() -> None:
@@ -168,7 +168,7 @@ def test_cancel_stops_within_one_step() -> None:
     assert state.out == [token for new in seen for token in new]
     assert state.out == greedy_reference(t, [1], 60, frozenset())[: len(state.out)]
     state, finish = run(backend, [1], 60, 4, cancel=cancel)  # already set: nothing runs
-    assert finish == "cancelled" and state.out == [] and backend.target().calls == 2
+    assert finish == "cancelled" and state.out == [] and backend.target().engine.calls == 2
 
 
 def test_an_exception_from_on_tokens_propagates_and_the_next_run_is_clean() -> None:
@@ -220,3 +220,22 @@ def test_slots_keep_requests_apart() -> None:
     for thread in threads:
         thread.join(timeout=30)
     assert [results[0], results[1]] == alone
+
+
+@pytest.mark.parametrize("pad", [True, False])
+def test_greedy_single_steps_pad_on_the_reference_backend(pad: bool) -> None:
+    """The pad rule of runtime/target.py, in numpy: a greedy k = 0 step runs two rows (the token and a pad draft)
+    and emits the target's argmax whether the pad passed or not; the pad never stays in the cache. Sampled steps
+    and steps with drafts are not padded."""
+    t = _table(6)
+    want = greedy_reference(t, [1, 2, 3], 24, frozenset())
+    backend = ReferenceBackend(bigram_logits(t), lambda: bigram_logits(t), len(t), 8, pad_single_steps=pad)
+    state, _ = run(backend, [1, 2, 3], 24, 0)
+    assert state.out == want
+    target = backend.target().engine
+    assert target.new_tokens[0] == 3  # the prefill
+    assert set(target.new_tokens[1:]) == ({2} if pad else {1})
+    assert target.cache(0).length == state.length - 1
+    sampled = ReferenceBackend(bigram_logits(t), lambda: bigram_logits(t), len(t), 8)
+    run(sampled, [1, 2, 3], 24, 0, params=SamplingParams(0.8), seed=1)
+    assert set(sampled.target().engine.new_tokens[1:]) == {1}

@@ -96,9 +96,9 @@ def test_k0_never_opens_the_draft(pack_dir: Path) -> None:
     fresh = specpack.load(pack_dir, threads=1)
     fresh.generate(PROMPT, 20, k=0)
     fresh.generate(PROMPT, 20, k=0, temperature=1.0, seed=0)
-    assert not fresh.backend.draft_loaded  # type: ignore[attr-defined]
+    assert not fresh.backend.draft_loaded
     fresh.generate(PROMPT, 20, k=2)
-    assert fresh.backend.draft_loaded  # type: ignore[attr-defined]
+    assert fresh.backend.draft_loaded
     fresh.close()
 
 

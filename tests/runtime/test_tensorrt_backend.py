@@ -172,3 +172,15 @@ def test_sampled_tokens_are_the_same_with_and_without_cuda_graphs(built_pack: Pa
         assert (cuda.launches > 0) == cuda_graphs
     assert runs[0] == runs[1]
     assert len({tuple(t) for t in runs[0]}) > 1
+
+
+def test_greedy_single_steps_run_two_rows(built_pack: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tensorrt backend goes through the same Target as the others (runtime/target.py): after the prefill a
+    greedy k = 0 step runs the verify over two rows (the token and a pad draft, k = 1), never one row alone; the
+    tokens are the target's."""
+    use_fakes(monkeypatch)
+    pack = specpack.load(built_pack, device="tensorrt")
+    prompt = PROMPTS[1]  # 4 tokens: its prefill is captured too (<= k_max + 1)
+    assert pack.generate(prompt, 16, k=0).tokens == target_alone(built_pack, prompt, 16)
+    shapes = {(s, k) for s, k, _, _ in pack.backend.target().engine.graphs}  # type: ignore[attr-defined]
+    assert shapes == {(len(prompt), 0), (2, 1)}, shapes

@@ -1,10 +1,11 @@
 """The `cpu` backend: ONNX Runtime's CPU EP over host buffers allocated once (docs/architecture.md, "Backends").
 
     OrtBackend
-      target()  OrtTarget: verify.onnx, one KV cache per slot (static or concat, by the graph's form),
-                n_accepted / next_token [1] per slot
-      draft()   OrtDraft:  draft_step.onnx (opened on first use; at load for a pinned pack), a cache,
-                q [1, k_max, V] and token [1] per slot
+      OrtTarget  the VerifyEngine of verify.onnx: one KV cache per slot (static or concat, by the graph's
+                 form), n_accepted / next_token [1] per slot
+      OrtDraft   the DraftEngine of draft_step.onnx (opened on first use; at load for a pinned pack): a cache,
+                 q [1, k_max, V] and token [1] per slot
+    The verify and draft policy above them (pad rows, one-hot q, rollback) is runtime/target.py's.
 
 Every input is a view bound by pointer (IOBinding): input_ids is state.ids[None, cached:end], the drafts
 already in place; position_ids and attention_mask are views of constants; past and present are the
@@ -15,7 +16,6 @@ back two integers from the verify and one per draft, never logits.
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,11 +27,13 @@ from specpack.deploy.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
+from specpack.runtime.engine import VerifyRun
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.kv_cache import ConcatKVCache, KVCache
 from specpack.runtime.ort_session import OrtGraph
-from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.static_kv_cache import StaticKVCache
+from specpack.runtime.target import EngineBackend
 
 
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> OrtBackend:
@@ -44,29 +46,30 @@ class Constants:
 
     positions: np.ndarray   # int64 [1, max_len + k_max + 1]  0, 1, 2, ... (position_ids are views)
     mask: np.ndarray        # int64 [1, max_len + k_max + 1]  all ones (attention_mask is a view)
-    no_q: np.ndarray        # fp32 [1, 0, V]                   draft_probs of a verify with no drafts
-    pad_q: np.ndarray       # fp32 [1, 1, V]                   draft_probs of a greedy single step's pad row
+    zero_q: np.ndarray      # fp32 [1, k_max, V]               draft_probs of a verify that reads no q (views)
 
     @classmethod
-    def allocate(cls, width: int, vocab_size: int) -> Constants:
+    def allocate(cls, width: int, k_max: int, vocab_size: int) -> Constants:
         return cls(positions=np.arange(width, dtype=np.int64)[None, :], mask=np.ones((1, width), np.int64),
-                   no_q=np.zeros((1, 0, vocab_size), np.float32), pad_q=np.zeros((1, 1, vocab_size), np.float32))
+                   zero_q=np.zeros((1, k_max, vocab_size), np.float32))
 
 
 class _OrtModel:
-    """What both models share: per slot a cache and an IOBinding; bind ids[cached:end] and run."""
+    """What both engines share: per slot a cache and an IOBinding; bind ids[cached:end] and run."""
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, positions: bool = True) -> None:
         """positions: feed position_ids (the manifest's graph `positions` is "inputs")."""
         self.graph, self.caches, self.constants, self.positions = graph, caches, constants, positions
         self._bindings = [graph.new_binding() for _ in caches]
 
+    def cache(self, slot: int) -> KVCache:
+        return self.caches[slot]
+
     def reset(self, state: DecodeState) -> None:
         self.caches[state.slot].reset()
 
-    def rollback(self, state: DecodeState, length: int) -> None:
-        cache = self.caches[state.slot]
-        cache.rollback(min(length, cache.length))
+    def close(self) -> None:
+        self.graph.close()
 
     def _run(self, state: DecodeState, end: int, extra_inputs: dict[str, np.ndarray],
              extra_outputs: dict[str, np.ndarray]) -> None:
@@ -87,7 +90,7 @@ class _OrtModel:
 
 
 class OrtDraft(_OrtModel):
-    """draft_step.onnx: S new tokens in, one drawn token and its distribution q out."""
+    """The DraftEngine of draft_step.onnx: S new tokens in, one drawn token and its distribution q out."""
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int,
                  positions: bool = True) -> None:
@@ -107,64 +110,29 @@ class OrtDraft(_OrtModel):
 
 
 class OrtTarget(_OrtModel):
-    """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token out."""
+    """The VerifyEngine of verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next
+    token out."""
 
-    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int,
-                 positions: bool = True, pad_single_steps: bool = True) -> None:
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, positions: bool = True) -> None:
         super().__init__(graph, caches, constants, positions)
-        self.pad_single_steps = pad_single_steps
         self._outputs = [{names.N_ACCEPTED: np.zeros(1, np.int64), names.NEXT_TOKEN: np.zeros(1, np.int64)}
                          for _ in caches]  # [1] each, per slot
-        self._one_hot = [np.zeros(0, np.float32) for _ in caches]  # [1, k_max, V] per slot, allocated on first use
-        self.k_max, self.vocab_size = k_max, vocab_size
 
-    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
-        k, outputs = proposal.k, self._outputs[state.slot]
-        if k == 0 and self.pad_single_steps and state.params.greedy and state.length - self.caches[state.slot].length == 1:
-            return self._single_greedy_step(state)
-        q = self.constants.no_q if k == 0 else proposal.q if proposal.q is not None else self._set_one_hot(state, proposal)
-        try:
-            self._run(state, state.length + k,
-                      {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
-                      outputs)
-        finally:
-            if k and proposal.q is None:
-                q[0, np.arange(k), proposal.tokens] = 0.0  # back to all zeros, whatever happened
-        n = int(outputs[names.N_ACCEPTED][0])
-        self.rollback(state, state.length + n)  # the rejected drafts leave the cache
-        return VerifyResult(n, int(outputs[names.NEXT_TOKEN][0]))
-
-    def _single_greedy_step(self, state: DecodeState) -> VerifyResult:
-        """A greedy step over one new token, run as two rows: the token and a pad draft after it.
-
-        ONNX Runtime's CPU kernels compute one row with their own paths (MLAS's GEMV, MatMulNBits' M = 1
-        kernels) that round differently from the multi-row ones every verify of drafts runs, and MatMulNBits'
-        int8 activations turn those last-bit differences into different tokens (2 of 8 HumanEval prompts on the
-        real GGUF pair: docs/architecture.md, "One row is never run alone"). With a pad row every step after the
-        prefill goes through the multi-row kernels, whose rows do not depend on how many rows run together, so
-        the target alone and speculative decoding compute the same logits. The pad (the last committed token)
-        is accepted exactly when it is argmax p at the first row, so the token is argmax p there either way;
-        its verdict on the pad row's own logits is dropped, and so is its cache entry."""
-        outputs, start = self._outputs[state.slot], state.length
-        state.ids[start] = state.ids[start - 1]  # the pad draft, where the next token is written anyway
-        self._run(state, start + 1, {names.DRAFT_PROBS: self.constants.pad_q,          # [1, 1, V] (greedy: unread)
-                                     names.UNIFORMS: state.uniforms.verify[:, :2]},   # [1, 2]    (greedy: unread)
+    def verify(self, run: VerifyRun) -> VerifyResult:
+        state, k = run.state, run.k
+        outputs = self._outputs[state.slot]
+        q = self.constants.zero_q[:, :k] if run.q is None else run.q  # [1, k, V]
+        self._run(state, state.length + k,
+                  {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
                   outputs)
-        token = int(state.ids[start]) if outputs[names.N_ACCEPTED][0] else int(outputs[names.NEXT_TOKEN][0])
-        self.rollback(state, start)  # the cache keeps the committed tokens: the new token is fed next step
-        return VerifyResult(0, token)
+        return VerifyResult(int(outputs[names.N_ACCEPTED][0]), int(outputs[names.NEXT_TOKEN][0]))
 
-    def _set_one_hot(self, state: DecodeState, proposal: Proposal) -> np.ndarray:
-        """A deterministic proposal's q: one-hot rows on its tokens, in an all-zero buffer kept per slot."""
-        if not self._one_hot[state.slot].size:
-            self._one_hot[state.slot] = np.zeros((1, self.k_max, self.vocab_size), np.float32)
-        q = self._one_hot[state.slot][:, : proposal.k]  # [1, k, V]
-        q[0, np.arange(proposal.k), proposal.tokens] = 1.0
-        return q
+    def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> np.ndarray:
+        return host_q[:, :k]  # [1, k, V]: the host buffer is what the session reads
 
 
-class OrtBackend:
-    """Both models on ONNX Runtime with host buffers; the draft's session opens on first use."""
+class OrtBackend(EngineBackend[OrtTarget, OrtDraft]):
+    """Both engines on ONNX Runtime with host buffers; the draft's session opens on first use."""
 
     name = "cpu"
     providers: tuple[str, ...] = ("CPUExecutionProvider",)
@@ -174,34 +142,16 @@ class OrtBackend:
         m = manifest
         if self.name == "cpu":
             _check_cpu_dtypes(m)
-        self.constants = Constants.allocate(m.max_len + m.k_max + 1, m.vocab_size)
-        self._target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, m.k_max, m.vocab_size,
-                                 _feeds_positions(m.target), options.pad_single_steps)
-        self._draft: OrtDraft | None = None
-        self._draft_lock = threading.Lock()
-        if options.verified_reads and m.draft_model is not None:  # pinned: nothing is read after load
-            self.draft()
+        self.constants = Constants.allocate(m.max_len + m.k_max + 1, m.k_max, m.vocab_size)
+        target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, _feeds_positions(m.target))
+        super().__init__(target, self._open_draft if m.draft_model is not None else None, k_max=m.k_max,
+                         vocab_size=m.vocab_size, pad_single_steps=options.pad_single_steps,
+                         open_draft_now=options.verified_reads)  # pinned: nothing is read after load
 
-    @property
-    def draft_loaded(self) -> bool:
-        return self._draft is not None
-
-    def target(self) -> OrtTarget:
-        return self._target
-
-    def draft(self) -> OrtDraft:
-        if self._draft is None:
-            with self._draft_lock:  # requests on different slots may ask at once
-                if self._draft is None:
-                    m = self.manifest
-                    self._draft = OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max,
-                                           m.vocab_size, _feeds_positions(m.draft))
-        return self._draft
-
-    def close(self) -> None:
-        self._target.graph.close()
-        if self._draft is not None:
-            self._draft.graph.close()
+    def _open_draft(self) -> OrtDraft:
+        m = self.manifest
+        return OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max, m.vocab_size,
+                        _feeds_positions(m.draft))
 
     def _graph(self, entry: ModelEntry) -> OrtGraph:
         source: Path | GraphBytes = self.path / entry.graph.path

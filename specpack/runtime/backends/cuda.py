@@ -1,8 +1,11 @@
 """The `cuda` backend: ONNX Runtime's CUDA EP with every buffer on the device (docs/cuda_backend.md).
 
     CudaBackend
-      target()  DeviceTarget: verify.onnx; per slot a DeviceStaticKVCache, n_accepted / next_token [1], q scratch
-      draft()   DeviceDraft:  draft_step.onnx (opened on first use); per slot a cache, q [1, k_max, V], token [1]
+      DeviceTarget  the VerifyEngine of verify.onnx: per slot a DeviceStaticKVCache, n_accepted / next_token [1],
+                    q scratch
+      DeviceDraft   the DraftEngine of draft_step.onnx (opened on first use); per slot a cache, q [1, k_max, V],
+                    token [1]
+    The verify and draft policy above them (pad rows, one-hot q, rollback) is runtime/target.py's.
 
 Everything a graph reads or writes lives on the device and is bound by pointer (IOBinding): the static KV
 cache (written in place), input_ids / position_ids staging buffers (one pair per S for S <= k_max + 1, one
@@ -40,8 +43,10 @@ from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView
+from specpack.runtime.engine import VerifyRun
 from specpack.runtime.graph_check import check_graph_matches
-from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+from specpack.runtime.state import DecodeState, VerifyResult
+from specpack.runtime.target import EngineBackend
 
 PROVIDER = "CUDAExecutionProvider"
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
@@ -190,9 +195,13 @@ class _DeviceModel:
             slot.sampling[name].write(array)
         self.session(slot.greedy)
 
-    def rollback(self, state: DecodeState, length: int) -> None:
-        cache = self.slots[state.slot].cache
-        cache.rollback(min(length, cache.length))
+    def cache(self, slot: int) -> DeviceStaticKVCache:
+        return self.slots[slot].cache
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.bindings.clear()
+        self._sessions.clear()
 
     def _staging(self, slot: _Slot, n: int) -> tuple[DeviceArray, DeviceArray]:
         if n not in slot.ids:
@@ -277,55 +286,32 @@ class DeviceTarget(_DeviceModel):
         k_max = backend.manifest.k_max
         # q the greedy form binds (it never reads it), and one-hot q of deterministic proposals when sampling
         self._q_scratch = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]
-        self._one_hot = np.zeros(0, np.float32)  # host [1, k_max, V], allocated on first use
-        self._rows = np.arange(k_max)              # [k_max] row indices of the one-hot writes (no per-step arange)
         self._uniforms = [{k: DeviceArray((1, k + 1), np.float32, self.device) for k in range(k_max + 1)}
                           for _ in self.slots]  # k -> [1, k + 1]
         self._n = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
         self._next = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
 
-    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
-        k, i = proposal.k, state.slot
+    def verify(self, run: VerifyRun) -> VerifyResult:
+        state, k, i = run.state, run.k, run.state.slot
         slot = self.slots[i]
-        # a greedy step over one token runs as two rows, the token and a pad draft (the cpu backend's
-        # OrtTarget._single_greedy_step says why); the greedy form reads neither q nor the uniforms
-        padded = (k == 0 and slot.greedy and self.backend.options.pad_single_steps
-                  and state.length - slot.cache.length == 1)
-        if padded:
-            state.ids[state.length] = state.ids[state.length - 1]
-            k = 1
         uniforms = self._uniforms[i][k]
-        q: DeviceView = self._q_scratch[i].view((1, k, self.vocab))  # [1, k, V]
+        q: DeviceView = self._q_scratch[i].view((1, k, self.vocab))  # [1, k, V]: the greedy form never reads it
         if not slot.greedy:
             uniforms.write(state.uniforms.verify[:, : k + 1])
-            if k:
-                q = proposal.q if proposal.q is not None else self._upload_one_hot(i, proposal)
+            if run.q is not None:
+                q = run.q
         self._run(state, state.length + k, (k,), {names.DRAFT_PROBS: q, names.UNIFORMS: uniforms.view()},
                   {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view()})
-        n = int(self._n[i].read()[0])
-        if padded:  # the token is argmax p at the first row: the pad when it passed, else the correction
-            token = int(state.ids[state.length]) if n else int(self._next[i].read()[0])
-            self.rollback(state, state.length)
-            return VerifyResult(0, token)
-        self.rollback(state, state.length + n)  # the rejected drafts leave the cache: a length update
-        return VerifyResult(n, int(self._next[i].read()[0]))
+        return VerifyResult(int(self._n[i].read()[0]), int(self._next[i].read()[0]))
 
-    def _upload_one_hot(self, slot: int, proposal: Proposal) -> DeviceView:
-        """A deterministic proposal's q (one-hot rows on its tokens), uploaded into the slot's scratch."""
-        k_max = self.backend.manifest.k_max
-        if not self._one_hot.size:
-            self._one_hot = np.zeros((1, k_max, self.vocab), np.float32)
-        rows = self._rows[: proposal.k]  # a view
-        self._one_hot[0, rows, proposal.tokens] = 1.0
-        try:
-            self._q_scratch[slot].write(self._one_hot)
-        finally:
-            self._one_hot[0, rows, proposal.tokens] = 0.0
-        return self._q_scratch[slot].view((1, proposal.k, self.vocab))
+    def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> DeviceView:
+        """A host q (a deterministic proposal's one-hot rows) uploaded into the slot's scratch."""
+        self._q_scratch[slot].write(host_q)  # [1, k_max, V]
+        return self._q_scratch[slot].view((1, k, self.vocab))
 
 
-class CudaBackend:
-    """Both models on one ONNX Runtime device, every buffer there; the draft opens on first use."""
+class CudaBackend(EngineBackend[DeviceTarget, DeviceDraft]):
+    """Both engines on one ONNX Runtime device, every buffer there; the draft opens on first use."""
 
     name = "cuda"
 
@@ -352,26 +338,15 @@ class CudaBackend:
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
         width = manifest.max_len + manifest.k_max + 1
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
-        self._target = DeviceTarget(self, manifest.target)
-        self._target.session(True)  # the greedy form opens at load
-        self._draft: DeviceDraft | None = None
-        self._draft_lock = threading.Lock()
+        target = DeviceTarget(self, manifest.target)
+        target.session(True)  # the greedy form opens at load
+        super().__init__(target, self._open_draft if manifest.draft_model is not None else None, k_max=manifest.k_max,
+                         vocab_size=manifest.vocab_size, pad_single_steps=options.pad_single_steps)
         if options.verified_reads and manifest.draft_model is not None:  # pinned: the draft's greedy form too
-            self.draft().session(True)
+            self.draft().engine.session(True)
 
-    @property
-    def draft_loaded(self) -> bool:
-        return self._draft is not None
-
-    def target(self) -> DeviceTarget:
-        return self._target
-
-    def draft(self) -> DeviceDraft:
-        if self._draft is None:
-            with self._draft_lock:
-                if self._draft is None:
-                    self._draft = DeviceDraft(self, self.manifest.draft)
-        return self._draft
+    def _open_draft(self) -> DeviceDraft:
+        return DeviceDraft(self, self.manifest.draft)
 
     def open_session(self, entry: ModelEntry, greedy: bool) -> DeviceSession:
         """The greedy form (If inlined, captured where the EP allows) or the graph as exported; for a pinned pack
@@ -393,14 +368,7 @@ class CudaBackend:
 
     def capture_report(self) -> dict[str, Any]:
         """Whether each opened greedy session captures CUDA graphs, how many, and why not."""
-        models = {"target": self._target, "draft": self._draft}
+        models = {"target": self._target.engine, "draft": self._draft.engine if self._draft is not None else None}
         return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
                 for label, model in models.items() if model is not None
                 for s in [model._sessions.get(True)] if s is not None}
-
-    def close(self) -> None:
-        for model in (self._target, self._draft):
-            if model is not None:
-                for slot in model.slots:
-                    slot.bindings.clear()
-                model._sessions.clear()

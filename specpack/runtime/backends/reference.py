@@ -13,9 +13,9 @@ draft step over at least one.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +23,9 @@ from specpack import names
 from specpack.deploy.manifest import Manifest, ModelEntry
 from specpack.graphs import oracle
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+from specpack.runtime.engine import VerifyRun
+from specpack.runtime.state import DecodeState, VerifyResult
+from specpack.runtime.target import EngineBackend
 from specpack.sampling import SamplingParams
 
 LogitsFn = Callable[[np.ndarray, int], np.ndarray]  # (ids [n], rows) -> logits [rows, V] of the last rows positions
@@ -34,27 +36,54 @@ def bigram_logits(table: np.ndarray) -> LogitsFn:
     return lambda ids, rows: table[ids[len(ids) - rows :]]
 
 
+class LengthCache:
+    """The KVCache of a model that caches nothing: the positions it has "seen" (bookkeeping only)."""
+
+    def __init__(self) -> None:
+        self.length = 0
+
+    def bind_inputs(self, n_new: int) -> dict[str, Any]:
+        return {}
+
+    def bind_outputs(self, n_new: int) -> dict[str, Any]:
+        return {}
+
+    def advance(self, n_new: int) -> None:
+        self.length += n_new
+
+    def rollback(self, length: int) -> None:
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length}: the cache holds {self.length} positions")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
+
+
 class _ReferenceModel:
     def __init__(self, logits_fn: LogitsFn, slots: int) -> None:
         self.logits_fn = logits_fn
-        self.cached = [0] * slots  # per slot: positions the model has "seen" (bookkeeping; nothing is cached)
+        self.caches = [LengthCache() for _ in range(slots)]
         self.calls = 0
         self.new_tokens: list[int] = []  # S of every call
 
-    def reset(self, state: DecodeState) -> None:
-        self.cached[state.slot] = 0
+    def cache(self, slot: int) -> LengthCache:
+        return self.caches[slot]
 
-    def rollback(self, state: DecodeState, length: int) -> None:
-        self.cached[state.slot] = min(self.cached[state.slot], length)
+    def reset(self, state: DecodeState) -> None:
+        self.caches[state.slot].reset()
+
+    def close(self) -> None:
+        pass
 
     def _logits(self, state: DecodeState, end: int, rows: int) -> np.ndarray:
         """Logits [rows, V] of the last `rows` of ids[:end], which must all be new to this model."""
-        start = self.cached[state.slot]
-        if end - start < rows:
-            raise RuntimeError(f"run over ids[{start}:{end}]: fewer new tokens than the {rows} rows it needs")
+        cache = self.caches[state.slot]
+        if end - cache.length < rows:
+            raise RuntimeError(f"run over ids[{cache.length}:{end}]: fewer new tokens than the {rows} rows it needs")
         self.calls += 1
-        self.new_tokens.append(end - start)
-        self.cached[state.slot] = end
+        self.new_tokens.append(end - cache.length)
+        cache.advance(end - cache.length)
         return np.asarray(self.logits_fn(state.ids[:end], rows), dtype=np.float32)  # [rows, V]
 
 
@@ -74,63 +103,43 @@ class ReferenceDraft(_ReferenceModel):
 
 
 class ReferenceTarget(_ReferenceModel):
-    def __init__(self, logits_fn: LogitsFn, slots: int, vocab_size: int) -> None:
+    def __init__(self, logits_fn: LogitsFn, slots: int, k_max: int, vocab_size: int) -> None:
         super().__init__(logits_fn, slots)
-        self.vocab_size = vocab_size
+        self._zero_q = np.zeros((1, k_max, vocab_size), np.float32)  # [1, k_max, V]: q of a verify that reads none
 
-    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
-        k = proposal.k
+    def verify(self, run: VerifyRun) -> VerifyResult:
+        state, k = run.state, run.k
         logits = self._logits(state, state.length + k, k + 1)  # [k+1, V]
-        if proposal.q is not None:
-            q = np.asarray(proposal.q)[0]  # [k, V]
-        else:  # deterministic drafts: one-hot on each token
-            q = np.zeros((k, self.vocab_size), np.float32)
-            q[np.arange(k), proposal.tokens] = 1.0
-        n, token = oracle.verify(logits, proposal.tokens, q, state.uniforms.verify[0, : k + 1], state.params)
-        self.cached[state.slot] = state.length + n
+        q = np.asarray(self._zero_q[:, :k] if run.q is None else run.q)[0]  # [k, V]
+        n, token = oracle.verify(logits, state.ids[state.length : state.length + k], q,
+                                 state.uniforms.verify[0, : k + 1], state.params)
         return VerifyResult(n, token)
 
+    def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> np.ndarray:
+        return host_q[:, :k]  # [1, k, V]
 
-class ReferenceBackend:
+
+class ReferenceBackend(EngineBackend[ReferenceTarget, ReferenceDraft]):
     name = "reference"
 
-    def __init__(self, target: LogitsFn, draft: Callable[[], LogitsFn], vocab_size: int, k_max: int,
-                 slots: int = 1) -> None:
-        """target: the target's logits function; draft: makes the draft's, called on first use."""
-        self._target = ReferenceTarget(target, slots, vocab_size)
-        self._draft_loader = draft
-        self._draft: ReferenceDraft | None = None
-        self._draft_lock = threading.Lock()
+    def __init__(self, target: LogitsFn, draft: Callable[[], LogitsFn] | None, vocab_size: int, k_max: int,
+                 slots: int = 1, pad_single_steps: bool = True, open_draft_now: bool = False) -> None:
+        """target: the target's logits function; draft: makes the draft's, called on first use (None: no draft)."""
         self.vocab_size, self.k_max, self.slots = vocab_size, k_max, slots
-
-    @property
-    def draft_loaded(self) -> bool:
-        return self._draft is not None
-
-    def target(self) -> ReferenceTarget:
-        return self._target
-
-    def draft(self) -> ReferenceDraft:
-        if self._draft is None:
-            with self._draft_lock:  # requests on different slots may ask at once
-                if self._draft is None:
-                    self._draft = ReferenceDraft(self._draft_loader(), self.slots, self.k_max, self.vocab_size)
-        return self._draft
-
-    def close(self) -> None:
-        pass
+        open_draft = None if draft is None else (lambda: ReferenceDraft(draft(), slots, k_max, vocab_size))
+        super().__init__(ReferenceTarget(target, slots, k_max, vocab_size), open_draft, k_max=k_max,
+                         vocab_size=vocab_size, pad_single_steps=pad_single_steps, open_draft_now=open_draft_now)
 
 
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> ReferenceBackend:
     """The reference backend over a pack: its graphs' logits, recomputed over the whole prefix every call."""
     m = manifest
     verified = manifest if options.verified_reads else None
-    backend = ReferenceBackend(pack_logits(path, m.target, m.vocab_size, options.threads, verified),
-                               lambda: pack_logits(path, m.draft, m.vocab_size, options.threads, verified),
-                               m.vocab_size, m.k_max, options.slots)
-    if verified is not None and m.draft_model is not None:  # pinned: every graph opens at load
-        backend.draft()
-    return backend
+    draft = None if m.draft_model is None else (lambda: pack_logits(path, m.draft, m.vocab_size, options.threads,
+                                                                      verified))
+    return ReferenceBackend(pack_logits(path, m.target, m.vocab_size, options.threads, verified), draft, m.vocab_size,
+                            m.k_max, options.slots, options.pad_single_steps,
+                            open_draft_now=verified is not None)  # pinned: every graph opens at load
 
 
 def pack_logits(path: Path, entry: ModelEntry, vocab_size: int, threads: int | None,

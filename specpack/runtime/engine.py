@@ -1,0 +1,73 @@
+"""The per-backend engines: what a backend runs, below the verify and draft policy (docs/architecture.md, "Backends").
+
+An engine is one model's graph on one kind of device: its sessions, buffers, bindings and one KV cache per
+slot. It runs what it is told over the rows it is told and reports the graph's raw outputs; it decides
+nothing. The rules that hold on every backend (the pad row of a greedy single step, q for a deterministic
+proposal, rollback after a verify, the draft opened once on first use) are written once above it, in
+runtime/target.py.
+
+    VerifyRun       one verify: a request's uncached committed tokens and k drafts, with q
+    VerifyEngine    the target's verify graph: run a VerifyRun, upload a host q
+    DraftEngine     the draft's step graph: one drawn token per run, its q row kept on the device
+
+A VerifyRun is the unit the engine call takes, so that what a verify covers can grow (a token tree's parent
+indices, several slots in one call) as fields of the run, without changing the engine's callers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from specpack.runtime.kv_cache import KVCache
+    from specpack.runtime.state import DecodeState, VerifyResult
+
+
+class VerifyRun(NamedTuple):
+    """One verify over one request: state.ids[cached : state.length + k], the last k of them drafts.
+
+    The engine binds state.uniforms.verify[:, : k + 1] and the request's sampling inputs (taken at reset)."""
+
+    state: DecodeState
+    k: int                  # drafts verified (0: a plain target step; the prefill too)
+    q: Any | None           # [1, k, V] fp32 on the engine's device; None: greedy, q is not read (the engine
+                            # binds a buffer of its own of that shape)
+
+
+class ModelEngine(Protocol):
+    """What both engines have: a KV cache per slot, a reset per request, close."""
+
+    def cache(self, slot: int) -> KVCache:
+        """The KV cache of `slot`: positions [0, length) are valid."""
+        ...
+
+    def reset(self, state: DecodeState) -> None:
+        """A new request on state.slot: its cache emptied, its sampling inputs taken (constant for the request)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class VerifyEngine(ModelEngine, Protocol):
+    def verify(self, run: VerifyRun) -> VerifyResult:
+        """Run the verify graph over the run's rows; the graph's n_accepted and next_token as it wrote them.
+        The cache advances over every row run (the caller rolls the rejected drafts back)."""
+        ...
+
+    def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> Any:
+        """q [1, k, V] for a verify on `slot`, from its first k rows on the host (host_q [1, k_max, V] fp32):
+        a handle the verify binds, valid until the next upload on that slot."""
+        ...
+
+
+class DraftEngine(ModelEngine, Protocol):
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        """Run the draft graph over state.ids[cached:end] (S >= 1), drawing with state.uniforms.draft[row]; its q
+        written into row `row` of the slot's q buffer; the drawn token read back. The cache advances to `end`."""
+        ...
+
+    def q(self, state: DecodeState, k: int) -> Any:
+        """Rows [0, k) of the slot's q buffer ([1, k, V] fp32 on the device): what the verify reads."""
+        ...
