@@ -1,6 +1,7 @@
 """The KV cache interface every backend's engines use, and its concat-style host implementation.
 
     KVCache        one model's cache; positions [0, length) are valid (docs/contracts.md, "KV cache")
+    LengthCache    the length bookkeeping alone (static caches build on it; the reference backend's cache)
     ConcatKVCache  present = past + new, on host buffers; rollback keeps the first L positions
 
 An engine runs a graph over n_new new tokens as
@@ -50,6 +51,32 @@ class KVCache(Protocol):
         ...
 
     def reset(self) -> None: ...
+
+
+class LengthCache:
+    """The length bookkeeping every cache shares; alone, the KVCache of a model that caches nothing (the reference
+    backend's: positions it has "seen") and binds nothing."""
+
+    def __init__(self) -> None:
+        self.length = 0
+
+    def bind_inputs(self, n_new: int) -> dict[str, Any]:
+        return {}
+
+    def bind_outputs(self, n_new: int) -> dict[str, Any]:
+        return {}
+
+    def advance(self, n_new: int) -> None:
+        self.length += n_new
+
+    def rollback(self, length: int) -> None:
+        """Keep the first `length` positions: a length update, no write."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"rollback to {length}: the cache holds {self.length} positions")
+        self.length = length
+
+    def reset(self) -> None:
+        self.length = 0
 
 
 class ConcatKVCache:

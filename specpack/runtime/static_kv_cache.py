@@ -20,17 +20,18 @@ import numpy as np
 
 from specpack import names
 from specpack.errors import SpecpackError
+from specpack.runtime.kv_cache import LengthCache
 
 
-class StaticLengthCache:
+class StaticLengthCache(LengthCache):
     """The length bookkeeping of a static cache (the KVCache protocol of kv_cache.py), whatever holds its buffers.
 
     Subclasses build the bound dicts once and give `mask_host`, the [1, max_len] int64 mask edited in place;
     `_mask_changed(low, high)` is called after an edit (a device cache uploads it there)."""
 
     def __init__(self, max_len: int, inputs: dict[str, Any], outputs: dict[str, Any], mask_host: np.ndarray) -> None:
+        super().__init__()
         self.max_len = max_len
-        self.length = 0
         self._inputs, self._outputs = inputs, outputs  # built once: every run binds these very buffers
         self._mask_host = mask_host  # [1, max_len] ones at [0, _mask_end)
         self._mask_end = 0
@@ -61,16 +62,7 @@ class StaticLengthCache:
         """The graph ran over n_new tokens bound by `bind_inputs(n_new)`."""
         if self.length + n_new != self._mask_end:
             raise ValueError(f"advance({n_new}) after bind_inputs for {self._mask_end - self.length} new tokens")
-        self.length += n_new
-
-    def rollback(self, length: int) -> None:
-        """Keep the first `length` positions: a length update, no write."""
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length}: the cache holds {self.length} positions")
-        self.length = length
-
-    def reset(self) -> None:
-        self.length = 0
+        super().advance(n_new)
 
 
 class StaticKVCache(StaticLengthCache):

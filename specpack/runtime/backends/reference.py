@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -24,6 +23,7 @@ from specpack.deploy.manifest import Manifest, ModelEntry
 from specpack.graphs import oracle
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.engine import VerifyRun
+from specpack.runtime.kv_cache import LengthCache
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.target import EngineBackend
 from specpack.sampling import SamplingParams
@@ -34,30 +34,6 @@ LogitsFn = Callable[[np.ndarray, int], np.ndarray]  # (ids [n], rows) -> logits 
 def bigram_logits(table: np.ndarray) -> LogitsFn:
     """A model whose next-token logits depend on the last token only: table [V, V]."""
     return lambda ids, rows: table[ids[len(ids) - rows :]]
-
-
-class LengthCache:
-    """The KVCache of a model that caches nothing: the positions it has "seen" (bookkeeping only)."""
-
-    def __init__(self) -> None:
-        self.length = 0
-
-    def bind_inputs(self, n_new: int) -> dict[str, Any]:
-        return {}
-
-    def bind_outputs(self, n_new: int) -> dict[str, Any]:
-        return {}
-
-    def advance(self, n_new: int) -> None:
-        self.length += n_new
-
-    def rollback(self, length: int) -> None:
-        if not 0 <= length <= self.length:
-            raise ValueError(f"rollback to {length}: the cache holds {self.length} positions")
-        self.length = length
-
-    def reset(self) -> None:
-        self.length = 0
 
 
 class _ReferenceModel:
