@@ -86,12 +86,15 @@ _PATCHES: dict[str, tuple[str, Callable[..., object]]] = {
 ORACLE_MUTATIONS = tuple(_PATCHES)
 
 
-@contextlib.contextmanager
-def oracle_mutation(name: str) -> Iterator[None]:
+def oracle_mutation(name: str) -> contextlib.AbstractContextManager[None]:
     """The oracle with the defect `name` (ORACLE_MUTATIONS) for the duration of the block."""
-    attribute, replacement = _PATCHES[name]
+    return _patched(oracle, *_PATCHES[name])
+
+
+@contextlib.contextmanager
+def _patched(module: object, attribute: str, replacement: Callable[..., object]) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(oracle, attribute, replacement)
+        patch.setattr(module, attribute, replacement)
         yield
 
 
@@ -105,10 +108,6 @@ _TREE_PATCHES: dict[str, tuple[str, Callable[..., object]]] = {
 TREE_MUTATIONS = tuple(_TREE_PATCHES)
 
 
-@contextlib.contextmanager
-def tree_mutation(name: str) -> Iterator[None]:
+def tree_mutation(name: str) -> contextlib.AbstractContextManager[None]:
     """The tree oracle with the defect `name` (TREE_MUTATIONS) for the duration of the block."""
-    attribute, replacement = _TREE_PATCHES[name]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tree_oracle, attribute, replacement)
-        yield
+    return _patched(tree_oracle, *_TREE_PATCHES[name])

@@ -14,22 +14,16 @@ import pytest
 from specpack.graphs import oracle, tree_head, tree_oracle
 from specpack.sampling import SamplingParams
 
-from .cases import MODES, random_logits, random_params, sampling_feeds
+from .cases import MODES, cpu_session, random_logits, random_params, sampling_feeds
 
 CASES_PER_MODE = 400
 VOCABS = (2, 7, 33, 100, 257, 1025)
 F32 = np.float32
 
 
-def _session(model: object) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="module")
 def head_session() -> ort.InferenceSession:
-    return _session(tree_head.tree_verify_head_model())
+    return cpu_session(tree_head.tree_verify_head_model())
 
 
 def random_parents(rng: np.random.Generator, t: int) -> np.ndarray:
@@ -88,7 +82,7 @@ def test_tree_head_matches_oracle(head_session: ort.InferenceSession, mode: str)
 
 
 def test_tree_masks_match_oracle() -> None:
-    session = _session(tree_head.tree_mask_model())
+    session = cpu_session(tree_head.tree_mask_model())
     rng = np.random.default_rng(0)
     for t in [0, 1, 2, 3, 7, 16, 33, 63, 64] * 4:
         parents = random_parents(rng, t)
@@ -101,6 +95,6 @@ def test_tree_masks_match_oracle() -> None:
 def test_doubling_rounds_cover_the_deepest_chain() -> None:
     for max_nodes in (1, 2, 3, 64, 65, 2048):
         assert 2 ** tree_head.doubling_rounds(max_nodes) >= max_nodes - 1
-    session = _session(tree_head.tree_mask_model(max_nodes=16))
+    session = cpu_session(tree_head.tree_mask_model(max_nodes=16))
     chain = np.arange(16, dtype=np.int64) - 1
     assert session.run(["depths"], {"parents": chain})[0].tolist() == list(range(1, 17))
