@@ -56,6 +56,8 @@ DRAFT_PROBS = "draft_probs"
 UNIFORMS = "uniforms"
 N_ACCEPTED = "n_accepted"
 NEXT_TOKEN = "next_token"
+PARENTS = "parents"  # tree verify (graphs/tree_head.py): int64 [1, T], each node's parent, -1 the root
+PATH = "path"  # tree verify: int64 [1, T+1], the accepted rows, root first, -1 padded
 
 DRAFT_STEP_FILE = "draft_step.onnx"
 VERIFY_FILE = "verify.onnx"

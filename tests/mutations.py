@@ -11,6 +11,17 @@ expected side stays the oracle's while the sampled side carries the defect.
     top_p_drops_ties     top-p keeps exactly the shortest sorted prefix reaching top_p, cutting a tie group at the
                          cutoff (transformers' sort does; specpack keeps the whole group)
     temperature_twice    logits divided by the temperature twice
+
+Tree mutations (TREE_MUTATIONS, `tree_mutation`) replace one step of specpack/graphs/tree_oracle.py:
+
+    siblings_see_p           deterministic: a sibling is tested against p, not the residual r_{i-1} (the earlier
+                             siblings' mass is not removed: accept with p(c_i), not p(c_i) / (1 - S_i))
+    children_kept            deterministic: the final draw is from p at the deepest accepted node, its rejected
+                             children not removed
+    tested_at_the_root       every child is tested against the root's p, not the distribution after its parent
+    residual_not_updated     drawn candidates: after a rejection the next sibling is tried against the same
+                             residual (r_i = r_{i-1}, q not subtracted)
+    q_not_renormalized       without replacement: q_i has the earlier siblings removed but is not renormalised
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from specpack.graphs import oracle
+from specpack.graphs import oracle, tree_oracle
 from specpack.sampling import SamplingParams
 
 F32 = np.float32
@@ -75,10 +86,28 @@ _PATCHES: dict[str, tuple[str, Callable[..., object]]] = {
 ORACLE_MUTATIONS = tuple(_PATCHES)
 
 
-@contextlib.contextmanager
-def oracle_mutation(name: str) -> Iterator[None]:
+def oracle_mutation(name: str) -> contextlib.AbstractContextManager[None]:
     """The oracle with the defect `name` (ORACLE_MUTATIONS) for the duration of the block."""
-    attribute, replacement = _PATCHES[name]
+    return _patched(oracle, *_PATCHES[name])
+
+
+@contextlib.contextmanager
+def _patched(module: object, attribute: str, replacement: Callable[..., object]) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(oracle, attribute, replacement)
+        patch.setattr(module, attribute, replacement)
         yield
+
+
+_TREE_PATCHES: dict[str, tuple[str, Callable[..., object]]] = {
+    "siblings_see_p": ("_remaining", lambda removed: F32(1.0)),
+    "children_kept": ("_without", lambda row, removed: row.copy()),
+    "tested_at_the_root": ("_row", lambda node, child: 0),
+    "residual_not_updated": ("_residual", lambda r, q: r),
+    "q_not_renormalized": ("_drawn_from", lambda q, earlier: tree_oracle._without(q, earlier)),
+}
+TREE_MUTATIONS = tuple(_TREE_PATCHES)
+
+
+def tree_mutation(name: str) -> contextlib.AbstractContextManager[None]:
+    """The tree oracle with the defect `name` (TREE_MUTATIONS) for the duration of the block."""
+    return _patched(tree_oracle, *_TREE_PATCHES[name])

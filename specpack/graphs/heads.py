@@ -170,8 +170,10 @@ def _is_greedy(b: GraphBuilder) -> Value:
     return b.op("Equal", names.TEMPERATURE, b.const([0.0], np.float32))  # [1] bool
 
 
-def _head_model(add_head: AddHead, io: HeadIO, logits_type: int, opset: int, vocab: int | None,
-                extra: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+def head_model(add_head: AddHead, io: HeadIO, logits_type: int, opset: int, vocab: int | None,
+               extra: list[onnx.ValueInfoProto]) -> onnx.ModelProto:
+    """A head alone, for tests and benchmarks: logits [1, S, V] (it reads the last io.rows), `extra` inputs (before the
+    head's own) -> the head's outputs."""
     b = GraphBuilder(opset)
     add_head(b, last_rows(b, names.LOGITS, io.rows(b)), logits_type, vocab)
     logits = tensor_info(names.LOGITS, logits_type, [1, "S", vocab or "V"])
@@ -185,7 +187,7 @@ def _head_model(add_head: AddHead, io: HeadIO, logits_type: int, opset: int, voc
 def draft_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, vocab: int | None = None,
                      transform: Transform = sg.transform) -> onnx.ModelProto:
     """The draft head alone: logits [1, S, V] (reads the last row) + draft head inputs -> token, probs. vocab None: any V."""
-    return _head_model(partial(add_draft_head, transform=transform), draft_head_io(vocab or "V"), logits_type, opset,
+    return head_model(partial(add_draft_head, transform=transform), draft_head_io(vocab or "V"), logits_type, opset,
                        vocab, [])
 
 
@@ -194,5 +196,5 @@ def verify_head_model(opset: int = 18, logits_type: int = TensorProto.FLOAT, voc
     """The verify head alone: logits [1, S, V] (reads the last k+1 rows), input_ids [1, S] + verify head inputs
     -> n_accepted, next_token."""
     input_ids = tensor_info(names.INPUT_IDS, INT64, [1, "S"])
-    return _head_model(partial(add_verify_head, transform=transform), verify_head_io(vocab or "V"), logits_type,
+    return head_model(partial(add_verify_head, transform=transform), verify_head_io(vocab or "V"), logits_type,
                        opset, vocab, [input_ids])

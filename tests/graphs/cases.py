@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnxruntime as ort
 
 from specpack.graphs import oracle
 from specpack.sampling import SamplingParams
@@ -59,6 +60,13 @@ def random_logits(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray
         x[rng.random((rows, vocab)) < rng.uniform(0.0, 0.99)] = -np.inf
         x[np.arange(rows), rng.integers(0, vocab, rows)] = rng.standard_normal(rows).astype(F32)
     return x
+
+
+def cpu_session(model: object) -> ort.InferenceSession:
+    """An ONNX Runtime CPU session of a ModelProto, one thread."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
 
 
 def sampling_feeds(params: SamplingParams) -> dict[str, np.ndarray]:

@@ -11,26 +11,20 @@ from specpack.graphs import heads, oracle
 from specpack.graphs.sampling_graph import TOP_P_TIERS
 from specpack.sampling import SamplingParams
 
-from .cases import LARGE_VOCABS, MODES, VOCABS, DraftCase, VerifyCase, draft_case, verify_case
+from .cases import LARGE_VOCABS, MODES, VOCABS, DraftCase, VerifyCase, cpu_session, draft_case, verify_case
 
 CASES_PER_MODE = 3000
 F32 = np.float32
 
 
-def _session(model: object) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])  # type: ignore[attr-defined]
-
-
 @pytest.fixture(scope="module")
 def draft_session() -> ort.InferenceSession:
-    return _session(heads.draft_head_model())
+    return cpu_session(heads.draft_head_model())
 
 
 @pytest.fixture(scope="module")
 def verify_session() -> ort.InferenceSession:
-    return _session(heads.verify_head_model())
+    return cpu_session(heads.verify_head_model())
 
 
 def _vocab(rng: np.random.Generator) -> int:
@@ -90,8 +84,8 @@ def test_verify_head_matches_oracle(verify_session: ort.InferenceSession, mode: 
 @pytest.mark.parametrize("mode", ["greedy", "top_k_top_p", "mixed"])
 def test_fp16_logits(mode: str) -> None:
     """fp16 logits are cast to fp32 first: the oracle on the fp32 cast agrees."""
-    draft = _session(heads.draft_head_model(logits_type=TensorProto.FLOAT16))
-    verify = _session(heads.verify_head_model(logits_type=TensorProto.FLOAT16))
+    draft = cpu_session(heads.draft_head_model(logits_type=TensorProto.FLOAT16))
+    verify = cpu_session(heads.verify_head_model(logits_type=TensorProto.FLOAT16))
     rng = np.random.default_rng(7)
     for _ in range(300):
         d = draft_case(rng, mode, _vocab(rng), dtype=np.float16)
@@ -188,8 +182,8 @@ def test_empty_residual_falls_back_to_p(verify_session: ort.InferenceSession) ->
 @pytest.mark.parametrize("vocab", [1536, 1500])
 def test_static_vocab(vocab: int) -> None:
     """Heads built for one V (as attach.py builds them): no padding when V is a multiple of SUM_BLOCK."""
-    draft = _session(heads.draft_head_model(vocab=vocab))
-    verify = _session(heads.verify_head_model(vocab=vocab))
+    draft = cpu_session(heads.draft_head_model(vocab=vocab))
+    verify = cpu_session(heads.verify_head_model(vocab=vocab))
     rng = np.random.default_rng(vocab)
     for i in range(400):
         mode = MODES[i % len(MODES)]
