@@ -5,7 +5,7 @@
         --work /dev/shm/calib --json bench/results/calibrated_draft.json
 
 DIR holds the plain fp32 concat graphs draft.onnx and target.onnx (spec-export's intermediates). The draft is
-quantized (quantize/calibrated.py, calibration set from --calib-prompts, seeded), then quantize/fidelity.py
+quantized (calibration/qdq.py, calibration set from --calib-prompts, seeded), then quantize/fidelity.py
 replays greedy speculation from teacher-forced passes: alpha and tau of the quantized and of the fp32 draft
 for the fp32 target's greedy continuations of each prompt file's first --limit prompts. Optionally
 (--target-methods) the target is quantized too and its top-1 agreement and mean KL against the fp32 target
@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from specpack.calibration.qdq import quantize_calibrated
+from specpack.calibration.sets import calibration_set
 from specpack.export.tokenizer_export import SUBDIR, write_tokenizer
-from specpack.quantize.calibrated import quantize_calibrated
-from specpack.quantize.calibration import calibration_set
 from specpack.quantize.fidelity import FidelityInputs, measure_fidelity, prompt_texts
 
 

@@ -72,7 +72,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    from specpack.bench.prompts import read_prompts
+    from specpack.prompts import read_prompts
     from specpack.quantize.stage import quantize_plain_graph
 
     ks = [int(k) for k in args.ks.split(",")]

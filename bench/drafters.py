@@ -68,7 +68,7 @@ QUIET_V = [1.0, 1.07, 1.17, 1.195, 1.22, 1.2525, 1.285, 1.3175, 1.35]  # v(0..8)
 def select_prompts(spec_bench: Path, humaneval: Path, categories: list[str], n: int) -> list[Any]:
     """Up to n prompts of each category, in file order (mt_bench: the first prompt of each of its first n
     categories); n may be larger than wanted: run() keeps the first ones that fit the pack."""
-    from specpack.bench.prompts import BenchPrompt, read_prompt_file
+    from specpack.prompts import BenchPrompt, read_prompt_file
 
     chosen: list[BenchPrompt] = []
     spec = read_prompt_file(spec_bench)

@@ -43,8 +43,8 @@ def main() -> None:
     args = parser.parse_args()
 
     from specpack.bench import peer_hf
-    from specpack.bench.prompts import read_prompts
     from specpack.bench.runner import first_divergence
+    from specpack.prompts import read_prompts
 
     prompts = read_prompts([args.prompts], args.limit)
     ids, exact, _ = _decode(args.exact, prompts, args.max_new_tokens, args.threads)

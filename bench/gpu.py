@@ -124,7 +124,7 @@ def export(draft: Path, target: Path, out: Path, graphs: str = "torch") -> float
 
 
 def open_pack(path: Path, cuda_graphs: bool) -> Any:
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
     from specpack.runtime.backend import BackendOptions
     from specpack.runtime.backends.cuda import CudaBackend
     from specpack.runtime.pack import Pack
@@ -267,7 +267,7 @@ def phase_builder(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def real_prompts(args: argparse.Namespace) -> list[Any]:
     """4 HumanEval (plain completion) + 4 MT-bench (first turn, chat template, the first 4 categories)."""
-    from specpack.bench.prompts import read_prompts
+    from specpack.prompts import read_prompts
 
     humaneval = [p for p in args.prompts if "HumanEval" in p]
     mtbench = [p for p in args.prompts if "mt_bench" in p]
@@ -286,7 +286,7 @@ def phase_real(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def source_dirs(pack_dir: Path) -> dict[str, str]:
     """role -> the Hugging Face directory the pack was exported from (the GGUF's conversion)."""
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
 
     manifest = Manifest.read(pack_dir)
     return {role: getattr(manifest, role).source.resolved for role in ("draft", "target")}

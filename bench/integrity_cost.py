@@ -13,8 +13,8 @@ import statistics
 import time
 from pathlib import Path
 
-from specpack.deploy.integrity import resolve_files, stamp_key
-from specpack.deploy.manifest import Manifest
+from specpack.contract.integrity import resolve_files, stamp_key
+from specpack.contract.manifest import Manifest
 from specpack.hashing import sha256_file
 
 

@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--humaneval", type=Path, default=PROMPTS / "HumanEval.jsonl.gz")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
     from specpack.runtime.tokenizer import PackTokenizer
 
     results = json.loads(args.results.read_text())

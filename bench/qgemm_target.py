@@ -80,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model_dir", type=Path)
     ap.add_argument("--work", type=Path, required=True)
-    ap.add_argument("--prompts", default=None, help="a prompt file (bench/prompts.py's formats); default: built-in")
+    ap.add_argument("--prompts", default=None, help="a prompt file (specpack/prompts.py's formats); default: built-in")
     ap.add_argument("--limit", type=int, default=8)
     ap.add_argument("--new-tokens", type=int, default=48)
     ap.add_argument("--rows", default="1,2,3,4,5")

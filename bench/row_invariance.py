@@ -69,9 +69,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    from specpack.bench.prompts import read_prompt_file
-    from specpack.deploy.integrity import verify_pack
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.integrity import verify_pack
+    from specpack.contract.manifest import Manifest
+    from specpack.prompts import read_prompt_file
     from specpack.runtime.backend import BackendOptions, open_backend
     from specpack.runtime.k_policy import FixedK
     from specpack.runtime.loop import decode

@@ -38,8 +38,8 @@ from typing import Any
 import openai
 import psutil
 
-from specpack.bench.prompts import BenchPrompt, read_prompts
 from specpack.bench.report import machine_info
+from specpack.prompts import BenchPrompt, read_prompts
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 import specpack
-from specpack.bench.prompts import read_prompts
 from specpack.bench.report import machine_info
+from specpack.prompts import read_prompts
 from specpack.serve.app import build_app
 from specpack.serve.config import ServeConfig
 from specpack.serve.server import serve_in_thread

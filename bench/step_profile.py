@@ -108,7 +108,7 @@ def main() -> None:
     parser.add_argument("--spin", action="store_true", help="intra-op threads spin (the runtime does not)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
 
     manifest = Manifest.read(args.pack)
     vocab = manifest.vocab_size

@@ -33,7 +33,7 @@ def measure(pack: Path, spin: bool, context: int, k: int, steps: int, threads: i
     sys.path.insert(0, str(Path(__file__).parent))
     from step_profile import _feeds
 
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
     from specpack.runtime.ort_session import session_options
 
     manifest = Manifest.read(pack)

@@ -61,7 +61,11 @@ PATH = "path"  # tree verify: int64 [1, T+1], the accepted rows, root first, -1 
 
 DRAFT_STEP_FILE = "draft_step.onnx"
 VERIFY_FILE = "verify.onnx"
-TOKENIZER_DIR = "tokenizer"  # the pack's tokenizer folder (runtime/tokenizer.py: LOADED_FILES are read from it)
+TOKENIZER_DIR = "tokenizer"  # the pack's tokenizer folder (runtime/tokenizer.py reads TOKENIZER_LOADED_FILES from it)
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+TOKENIZER_LOADED_FILES = (TOKENIZER_CONFIG_FILE, TOKENIZER_FILE)  # every file PackTokenizer.load opens: the manifest
+                                                                  # must list them
 
 
 def past_name(layer: int, kind: str) -> str:

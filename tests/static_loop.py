@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from specpack import names
-from specpack.deploy.manifest import Manifest, parse_manifest, read_manifest_bytes
+from specpack.contract.manifest import Manifest, parse_manifest, read_manifest_bytes
 from specpack.sampling import SamplingParams
 from tests.static_harness import StaticRunner
 

@@ -19,15 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specpack.bench.prompts import BenchPrompt
 from specpack.bench.timing import StepCosts, measure_step_costs
 from specpack.errors import SpecpackError
 from specpack.limits import K_AUTO, check_k
+from specpack.prompts import BenchPrompt
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from specpack.deploy.manifest import Quantization
+    from specpack.contract.manifest import Quantization
     from specpack.runtime.pack import Pack
 
 WARMUP_TOKENS = 8

@@ -64,9 +64,9 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from specpack.bench.prompts import read_prompts
     from specpack.bench.report import build_report, machine_info, print_report
     from specpack.bench.runner import add_hf_extras, add_llamacpp_peer, run_bench
+    from specpack.prompts import read_prompts
 
     if max_new_tokens < 2:
         raise SpecpackError("invalid --max-new-tokens", expected="an integer >= 2 (decoding starts after the first)",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from specpack.cli.errors import user_errors
-from specpack.deploy.manifest import Manifest, ModelEntry, Quantization, parse_manifest, read_manifest_bytes
+from specpack.contract.manifest import Manifest, ModelEntry, Quantization, parse_manifest, read_manifest_bytes
 from specpack.quantize.modes import CALIBRATED
 from specpack.validation import check_sha256
 
@@ -170,7 +170,7 @@ def _size(n: int) -> str:
 @user_errors
 def verify_command(pack: Path, manifest_sha256: str | None) -> None:
     """Check every file of a pack against the sha256 in its manifest; list files the manifest does not know."""
-    from specpack.deploy.integrity import extra_files, verify_pack
+    from specpack.contract.integrity import extra_files, verify_pack
 
     manifest, digest = read_pinned(pack, manifest_sha256)
     hashed = verify_pack(pack, manifest, full=True)

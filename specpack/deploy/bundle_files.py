@@ -17,7 +17,7 @@ import re
 import stat
 from pathlib import Path
 
-from specpack.deploy.integrity import STAMP_FILE
+from specpack.contract.integrity import STAMP_FILE
 from specpack.errors import SpecpackError
 
 SUMS, RECORD, PACK_DIR = "SHA256SUMS", "bundle.json", "pack"  # the names deploy/jetson.py writes

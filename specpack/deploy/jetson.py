@@ -26,9 +26,9 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from specpack import __version__
+from specpack.contract.engines import check_buildable, write_manifest_atomic
+from specpack.contract.manifest import MANIFEST_FILE, Manifest, manifest_sha256, schema_error
 from specpack.deploy.bundle_files import PACK_DIR, RECORD, SUMS, bundle_refusal, remove_bundle
-from specpack.deploy.engines import check_buildable, write_manifest_atomic
-from specpack.deploy.manifest import MANIFEST_FILE, Manifest, manifest_sha256, schema_error
 from specpack.errors import SpecpackError
 from specpack.export.staging import check_writable
 from specpack.hashing import sha256_file
@@ -104,7 +104,7 @@ class JetsonOptions:
 
 def write_bundle(pack: Path, out: Path, options: JetsonOptions, *, overwrite: bool = False) -> Path:
     """Check the pack (files, form), then write the bundle at `out` (staged, renamed into place)."""
-    from specpack.deploy.integrity import verify_pack
+    from specpack.contract.integrity import verify_pack
     from specpack.export.staging import publish, staging_dir
 
     pack, out = Path(pack), Path(out)

@@ -2,7 +2,7 @@
 
     build_pack_engines(pack, BuildOptions)
       1. read the manifest; check every file against it (never build from altered graphs)
-      2. check_buildable: static KV cache, standard ops (deploy/engines.py)
+      2. check_buildable: static KV cache, standard ops (contract/engines.py)
       3. plan_build: per model, strongly typed (Q/DQ or fp16/bf16 graphs: the graph's types rule) or weakly
          typed with the --precision flag (fp32 graphs), refused where the GPU lacks the precision
       4. build_engine per model (TensorRT Python API: ONNX parser, one optimization profile over S, k and the
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpack.deploy.engines import (
+from specpack.contract.engines import (
     ENGINE_BACKEND,
     Platform,
     Shape,
@@ -30,7 +30,7 @@ from specpack.deploy.engines import (
     profile_shapes,
     record_engines,
 )
-from specpack.deploy.manifest import EngineEntry, Manifest, ModelEntry
+from specpack.contract.manifest import EngineEntry, Manifest, ModelEntry
 from specpack.errors import SpecpackError
 
 PRECISIONS = ("fp16", "bf16", "int8", "fp8")
@@ -113,8 +113,8 @@ Builder = Callable[[Path, Path, Profile, ModelBuild, int], None]  # (graph, plan
 def build_pack_engines(pack: Path, options: BuildOptions, *, platform: Platform | None = None,
                        builder: Builder | None = None) -> list[EngineEntry]:
     """Build and record one engine per model for this machine (or `platform`, with `builder`: tests)."""
-    from specpack.deploy.integrity import verify_pack
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.integrity import verify_pack
+    from specpack.contract.manifest import Manifest
     from specpack.export.staging import staging_dir
 
     pack = Path(pack)

@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from specpack import names
-from specpack.deploy.engines import profile_shapes
-from specpack.deploy.manifest import EngineEntry, Manifest
+from specpack.contract.engines import profile_shapes
+from specpack.contract.manifest import EngineEntry, Manifest
 from specpack.errors import SpecpackError
 
 TOLERANCES = {"fp32": (1e-4, 1e-4), "fp16": (2e-2, 2e-2), "bf16": (5e-2, 5e-2), "int8": (1e-1, 1e-1), "fp8": (1e-1, 1e-1)}

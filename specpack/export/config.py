@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from specpack.calibration.sets import DEFAULT_SAMPLES as DEFAULT_CALIB_SAMPLES
+from specpack.calibration.sets import DEFAULT_SEED as DEFAULT_CALIB_SEED
 from specpack.errors import SpecpackError
 from specpack.export.builder_export import (
     EXECUTION_PROVIDERS,
@@ -14,8 +16,6 @@ from specpack.export.builder_export import (
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES, GraphForm, resolve_form
 from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, DTYPES, K_MAX, K_MIN, check_export_k
 from specpack.quantize import modes
-from specpack.quantize.calibration import DEFAULT_SAMPLES as DEFAULT_CALIB_SAMPLES
-from specpack.quantize.calibration import DEFAULT_SEED as DEFAULT_CALIB_SEED
 
 # the CLI reads them here
 __all__ = ["DEFAULT_K", "DEFAULT_KV_CACHE", "DEFAULT_MAX_LEN", "DRAFTERS", "DTYPES", "EXECUTION_PROVIDERS", "GRAPHS",
@@ -38,11 +38,11 @@ class ExportConfig:
     quantize_target: str | None = None
     dequantize: bool = False          # a .gguf source becomes an unquantized (dtype) graph, not its own blocks
     fidelity: bool = True             # measure a quantized graph against its unquantized reference (quantize/fidelity.py)
-    fidelity_prompts: str | None = None  # a prompt file (bench/prompts.py formats); None: fidelity.py's built-in prompts
+    fidelity_prompts: str | None = None  # a prompt file (specpack/prompts.py formats); None: fidelity.py's built-in prompts
     fidelity_limit: int = 8           # prompts taken from it
     fidelity_tokens: int = 48         # greedy continuation of each prompt by the pack's target
     drafter: str = "model"            # "model": a draft model's graph; "ngram": the target alone (prompt lookup drafts)
-    calib_prompts: str | None = None  # a prompt file (bench/prompts.py formats): the calibration set of int8-sq / fp8
+    calib_prompts: str | None = None  # a prompt file (specpack/prompts.py formats): the calibration set of int8-sq / fp8
     calib_samples: int = DEFAULT_CALIB_SAMPLES  # prompts drawn from it (seeded)
     calib_seed: int = DEFAULT_CALIB_SEED
     graphs: str = "torch"             # who writes the plain graphs: "torch" (torch_export.py) or "builder"
@@ -80,7 +80,7 @@ class ExportConfig:
                 raise SpecpackError(f"invalid {option}", expected=", ".join(QUANTIZE_CHOICES), found=repr(value))
             if value in modes.CALIBRATED and self.calib_prompts is None:
                 raise SpecpackError(f"{option} {value} needs a calibration set", expected="--calib-prompts FILE",
-                                    found="no --calib-prompts", hint="a prompt file in bench/prompts.py's formats")
+                                    found="no --calib-prompts", hint="a prompt file in specpack/prompts.py's formats")
             if value == modes.GGUF and self.dequantize:
                 raise SpecpackError(f"{option} gguf contradicts --dequantize", expected="one of the two",
                                     found=f"{option} gguf --dequantize")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from specpack.cache_root import cache_root
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
@@ -70,12 +71,6 @@ TARGET = KnownModel(
     filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
 )
 MODELS: dict[str, KnownModel] = {m.name: m for m in (DRAFT, TARGET)}
-
-
-def cache_root() -> Path:
-    """The specpack cache: `$SPECPACK_CACHE`, else `~/.cache/specpack`."""
-    env = os.environ.get("SPECPACK_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "specpack"
 
 
 def default_models_dir() -> Path:

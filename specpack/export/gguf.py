@@ -310,7 +310,7 @@ def _source_record(gguf_path: Path, summary: GgufSummary, seconds: float) -> dic
 
 
 def _default_converted_dir() -> Path:
-    from specpack.export.fetch import cache_root
+    from specpack.cache_root import cache_root
 
     return cache_root() / "converted"
 

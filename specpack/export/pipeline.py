@@ -7,7 +7,7 @@
       -> quantize (quantize/, per model's mode: weight-only,      work/{draft,target}.{int4,int8,gguf}.onnx
          or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
-      -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (deploy/)
+      -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (export/writer.py, the schema in contract/)
 
 An n-gram pack (--drafter ngram) has no draft model: the draft's stages are skipped.
 
@@ -24,13 +24,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from specpack.deploy.writer import write_pack_manifest
 from specpack.errors import SpecpackError
 from specpack.export.config import ExportConfig
 from specpack.export.graph_form import GraphForm
 from specpack.export.model_info import ModelInfo, read_model_info, require_weights
 from specpack.export.sources import resolve_source, source_record
 from specpack.export.staging import check_destination, publish, run_isolated, staging_dir, stop_on_signals
+from specpack.export.writer import write_pack_manifest
 from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
 from specpack.quantize import modes
 
@@ -54,7 +54,7 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
     if draft_src is not None:
         methods["draft"] = config.quantization("draft", draft_src)
     if config.calib_prompts is not None and set(methods.values()) & set(modes.CALIBRATED):
-        from specpack.quantize.calibration import check_prompt_file
+        from specpack.calibration.sets import check_prompt_file
 
         check_prompt_file(config.calib_prompts)  # a bad file fails now, not after the exports
     # a GGUF source converts to an fp32 model directory (the 1.5B peaks near 9 GB): each in its own process
@@ -164,9 +164,9 @@ def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[st
 
 
 def _calibrate(plain: Path, out: Path, method: str, model_dir: Path, config: ExportConfig) -> dict[str, Any]:
-    """Stage 2 for int8-sq / fp8: a calibration set from --calib-prompts, then Q/DQ (quantize/calibrated.py)."""
-    from specpack.quantize.calibrated import quantize_calibrated
-    from specpack.quantize.calibration import calibration_set
+    """Stage 2 for int8-sq / fp8: a calibration set from --calib-prompts, then Q/DQ (calibration/qdq.py)."""
+    from specpack.calibration.qdq import quantize_calibrated
+    from specpack.calibration.sets import calibration_set
 
     calib = calibration_set(config.calib_prompts or "", config.calib_samples, config.calib_seed, model_dir)
     return quantize_calibrated(plain, out, method, calib)

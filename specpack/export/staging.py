@@ -115,7 +115,7 @@ def _not_a_pack(out: Path) -> str | None:
     if "manifest.json" not in present:
         return f"a directory without manifest.json, holding {_list(sorted(present))}"
     try:
-        from specpack.deploy.manifest import parse_json
+        from specpack.contract.manifest import parse_json
 
         raw = parse_json((out / "manifest.json").read_bytes()[: 16 << 20], out / "manifest.json")
         listed = {f["path"] for f in raw["files"] if isinstance(f, dict) and isinstance(f.get("path"), str)}

@@ -17,7 +17,7 @@ from specpack import names
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
-    from specpack.deploy.verified_read import GraphBytes
+    from specpack.contract.verified_read import GraphBytes
 
 LOGITS_ELEM_TYPES = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16,
                      "bf16": onnx.TensorProto.BFLOAT16}

@@ -41,11 +41,11 @@ Prompt = tuple[str, bool]  # (text, wrapped in the chat template)
 
 
 def prompt_texts(path: str | None, limit: int) -> tuple[list[Prompt], str]:
-    """(text, chat) of the first `limit` prompts of a prompt file (bench/prompts.py's formats), or the built-in
+    """(text, chat) of the first `limit` prompts of a prompt file (specpack/prompts.py's formats), or the built-in
     PROMPTS; and where they came from."""
     if path is None:
         return [(p, False) for p in PROMPTS], "built-in"
-    from specpack.bench.prompts import read_prompts
+    from specpack.prompts import read_prompts
 
     return [(p.text, p.chat) for p in read_prompts([path])[:limit]], f"{Path(path).name}, first {limit}"
 

@@ -18,7 +18,7 @@ TensorRT-LLM's `int8_sq` and `fp8`, in the QuantizeLinear / DequantizeLinear for
     int8-sq  SmoothQuant-smoothed MatMuls, INT8 Q/DQ on activations and weights (max calibration)
     fp8      FLOAT8E4M3FN Q/DQ on activations and weights (max calibration)
 
-Their stage is quantize/calibrated.py (nvidia-modelopt's ONNX PTQ, a calibration set from a prompt file).
+Their stage is calibration/qdq.py (nvidia-modelopt's ONNX PTQ, a calibration set from a prompt file).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 NONE, INT8, INT4, GGUF = "none", "int8", "int4", "gguf"
-INT8_SQ, FP8 = "int8-sq", "fp8"  # calibrated Q/DQ, weights and activations (quantize/calibrated.py)
+INT8_SQ, FP8 = "int8-sq", "fp8"  # calibrated Q/DQ, weights and activations (calibration/qdq.py)
 WEIGHT_ONLY = (NONE, INT8, INT4)  # the --quantize-draft / --quantize-target choices
 CALIBRATED = (INT8_SQ, FP8)       # need a calibration set (--calib-prompts)
 ALL = (*WEIGHT_ONLY, GGUF, *CALIBRATED)

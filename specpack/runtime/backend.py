@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
     from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 BACKENDS: dict[str, str] = {  # device name -> module with `load(path, manifest, options) -> Backend`
@@ -47,7 +47,7 @@ class BackendOptions:
                                    # kernels a verify of drafts takes (docs/architecture.md, "One row is never run
                                    # alone"); False: one row alone (bench/row_invariance.py measures the difference)
     verified_reads: bool = False   # every file from bytes hashed as they are read, every graph opened at load (a
-                                   # pinned load: deploy/verified_read.py); False: sessions read the checked files
+                                   # pinned load: contract/verified_read.py); False: sessions read the checked files
 
 
 class TargetModel(Protocol):

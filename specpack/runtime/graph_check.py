@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from specpack import names
-from specpack.deploy.manifest import GraphEntry, TensorSpec
+from specpack.contract.manifest import GraphEntry, TensorSpec
 from specpack.errors import SpecpackError
 
 SHOWN = 5

@@ -28,7 +28,7 @@ import onnxruntime as ort
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
-    from specpack.deploy.verified_read import GraphBytes
+    from specpack.contract.verified_read import GraphBytes
 
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 

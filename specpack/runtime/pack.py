@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from specpack.deploy.integrity import verify_pack
-from specpack.deploy.manifest import Manifest
+from specpack.contract.integrity import verify_pack
+from specpack.contract.manifest import Manifest
 from specpack.errors import SpecpackError
 from specpack.limits import DRAFTERS
 from specpack.names import TOKENIZER_DIR
@@ -65,7 +65,7 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | No
                             hint="from specpack.runtime.ngram_drafter import NgramConfig; ngram=NgramConfig(2, 4)")
     pinned = manifest_sha256 is not None
     manifest = Manifest.read(path, sha256=manifest_sha256)
-    # pinned: what the runtime reads is hashed as it is read (deploy/verified_read.py); every other file here
+    # pinned: what the runtime reads is hashed as it is read (contract/verified_read.py); every other file here
     verify_pack(path, manifest, full=pinned, deferred=set(manifest.loaded_files()) if pinned else ())
     tokenizer = _load_tokenizer(path, manifest, pinned)
     backend = open_backend(device, path, manifest, BackendOptions(threads=threads, verified_reads=pinned))
@@ -76,7 +76,7 @@ def _load_tokenizer(path: Path, manifest: Manifest, pinned: bool) -> PackTokeniz
     """The pack's tokenizer; pinned: from its files' bytes, hashed as they are read."""
     if not pinned:
         return PackTokenizer.load(path / TOKENIZER_DIR)
-    from specpack.deploy.verified_read import read_verified
+    from specpack.contract.verified_read import read_verified
 
     config, tokenizer = (read_verified(path, manifest.file_entry(f"{TOKENIZER_DIR}/{name}"))
                          for name in (CONFIG_FILE, TOKENIZER_FILE))

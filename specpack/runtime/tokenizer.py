@@ -19,12 +19,11 @@ from typing import Any
 from tokenizers import Tokenizer
 
 from specpack.errors import SpecpackError
+from specpack.names import TOKENIZER_CONFIG_FILE as CONFIG_FILE
+from specpack.names import TOKENIZER_FILE, TOKENIZER_LOADED_FILES
 from specpack.runtime.chat_template import render_chat
 
-TOKENIZER_FILE = "tokenizer.json"
-CONFIG_FILE = "tokenizer_config.json"
 CONFIG_FORMAT = "specpack-tokenizer/1"
-LOADED_FILES = (CONFIG_FILE, TOKENIZER_FILE)  # every file PackTokenizer.load opens: the manifest must list them
 _STR_OR_NULL = (str, type(None))
 CONFIG_SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {  # key -> (JSON type, what it holds)
     "format": (str, f"always {CONFIG_FORMAT!r}"),
@@ -62,7 +61,7 @@ class PackTokenizer:
         """Load tokenizer.json and tokenizer_config.json from a pack's tokenizer/ folder."""
         tokenizer_dir = Path(tokenizer_dir)
         files = {}
-        for name in (CONFIG_FILE, TOKENIZER_FILE):
+        for name in TOKENIZER_LOADED_FILES:
             path = tokenizer_dir / name
             if not path.is_file():
                 raise SpecpackError(f"no {name} in {tokenizer_dir}", expected=f"the file {path}",

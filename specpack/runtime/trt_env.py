@@ -1,4 +1,4 @@
-"""Is TensorRT here, and what platform is this machine (for engines: deploy/engines.py's Platform)?
+"""Is TensorRT here, and what platform is this machine (for engines: contract/engines.py's Platform)?
 
     require_tensorrt()  returns when TensorRT can be used, else a SpecpackError saying why not (callers then
                         `import tensorrt as trt`, so mypy checks their calls against tensorrt-stubs)
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
-    from specpack.deploy.engines import Platform
+    from specpack.contract.engines import Platform
     from specpack.runtime.cuda_rt import Cuda
 
 INSTALL_HINT = ("install TensorRT 10 for your CUDA version (NVIDIA's pip index: `pip install tensorrt-cu12`, or JetPack "
@@ -44,7 +44,7 @@ def require_tensorrt() -> None:
 
 def current_platform(cuda: Cuda) -> Platform:
     """This machine's GPU (device 0 of this process), its compute capability and the TensorRT version."""
-    from specpack.deploy.engines import Platform
+    from specpack.contract.engines import Platform
 
     require_tensorrt()
     import tensorrt as trt

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from specpack.bench.prompts import BenchPrompt
 from specpack.bench.runner import BenchConfig, BenchRun, Decode, PromptRun
 from specpack.bench.timing import StepCosts
+from specpack.prompts import BenchPrompt
 from specpack.runtime.backends.reference import ReferenceBackend, bigram_logits
 from specpack.runtime.pack import Pack
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specpack.bench.prompts import read_prompt_file, read_prompts
 from specpack.errors import SpecpackError
+from specpack.prompts import read_prompt_file, read_prompts
 
 
 def _jsonl(path: Path, records: list[dict[str, object]], gz: bool = False) -> Path:
@@ -111,7 +111,7 @@ def test_corrupt_and_truncated_gzip(tmp_path: Path) -> None:
 
 
 def test_files_are_read_and_decompressed_up_to_a_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("specpack.bench.prompts.PROMPT_SET_BYTES", 1 << 20)
+    monkeypatch.setattr("specpack.prompts.PROMPT_SET_BYTES", 1 << 20)
     bomb = tmp_path / "bomb.jsonl.gz"
     bomb.write_bytes(gzip.compress(b"x" * (8 << 20)))  # 8 KB that inflate to 8 MiB
     with pytest.raises(SpecpackError, match="too large once decompressed"):

@@ -9,11 +9,11 @@ import pytest
 from bench_fakes import make_fake_pack
 from click.testing import CliRunner
 
-from specpack.bench.prompts import BenchPrompt
 from specpack.bench.runner import BenchConfig, check_ks, run_bench
 from specpack.bench.timing import measure_step_costs
 from specpack.cli.bench_cmd import bench_command
 from specpack.errors import SpecpackError
+from specpack.prompts import BenchPrompt
 from specpack.runtime.pack import Pack
 
 PROMPTS = [BenchPrompt("t/0", "code", "def f(x):", chat=False), BenchPrompt("t/1", "code", "return x", chat=False),

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from specpack.cli.main import cli
-from specpack.deploy.manifest import MANIFEST_FILE
+from specpack.contract.manifest import MANIFEST_FILE
 from tests.deploy.manifests import valid_manifest
 
 

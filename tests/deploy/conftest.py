@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specpack.deploy.integrity import STAMP_FILE
+from specpack.contract.integrity import STAMP_FILE
 
 
 @pytest.fixture(scope="module")

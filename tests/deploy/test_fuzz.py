@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specpack.cli.main import cli
-from specpack.deploy.manifest import MANIFEST_FILE, parse_manifest
+from specpack.contract.manifest import MANIFEST_FILE, parse_manifest
 from specpack.errors import SpecpackError
 from tests.deploy.manifests import valid_manifest
 

@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 import specpack
 from specpack.cli.main import cli
-from specpack.deploy.integrity import STAMP_FILE
-from specpack.deploy.manifest import manifest_sha256
+from specpack.contract.integrity import STAMP_FILE
+from specpack.contract.manifest import manifest_sha256
 from specpack.errors import SpecpackError
 
 

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from specpack.cli.main import cli
+from specpack.contract.manifest import Manifest, manifest_sha256
 from specpack.deploy.jetson import REQUIREMENTS_JETPACK6
-from specpack.deploy.manifest import Manifest, manifest_sha256
 from specpack.deploy.trt_build import BuildOptions, build_pack_engines
 from specpack.hashing import sha256_file
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from specpack.deploy.manifest import MANIFEST_FILE, Manifest, parse_manifest
+from specpack.contract.manifest import MANIFEST_FILE, Manifest, parse_manifest
 from specpack.errors import SpecpackError
 from tests.deploy.manifests import VOCAB, valid_manifest
 
@@ -155,7 +155,7 @@ def test_manifest_read_refuses_links_out_and_huge_files(tmp_path: Path) -> None:
 
 
 def test_pinned_digest(tmp_path: Path) -> None:
-    from specpack.deploy.manifest import manifest_sha256
+    from specpack.contract.manifest import manifest_sha256
 
     (tmp_path / MANIFEST_FILE).write_text(json.dumps(valid_manifest()))
     digest = manifest_sha256(tmp_path)

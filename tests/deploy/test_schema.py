@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from specpack.deploy.schema import SCHEMA_FILE, render
+from specpack.contract.schema import SCHEMA_FILE, render
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_committed_json_schema_is_up_to_date() -> None:
     committed = (ROOT / SCHEMA_FILE).read_text(encoding="utf-8")
-    assert committed == render(), f"regenerate it: python -m specpack.deploy.schema > {SCHEMA_FILE}"
+    assert committed == render(), f"regenerate it: python -m specpack.contract.schema > {SCHEMA_FILE}"
 
 
 def test_json_schema_describes_the_manifest_fields() -> None:

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 
 from specpack.cli.main import cli
-from specpack.deploy.engines import Platform, check_buildable, engine_dir, profile_shapes, select_engine
-from specpack.deploy.integrity import extra_files, verify_pack
-from specpack.deploy.manifest import Manifest
+from specpack.contract.engines import Platform, check_buildable, engine_dir, profile_shapes, select_engine
+from specpack.contract.integrity import extra_files, verify_pack
+from specpack.contract.manifest import Manifest
 from specpack.deploy.trt_build import BuildOptions, ModelBuild, build_pack_engines, plan_build
 from specpack.deploy.trt_compare import onnxrt_command, polygraphy_executable, trt_command
 from specpack.errors import SpecpackError

@@ -10,10 +10,10 @@ from click.testing import CliRunner
 
 import specpack
 from specpack.cli.main import cli
-from specpack.deploy import integrity
-from specpack.deploy.integrity import STAMP_FILE, stamp_key
-from specpack.deploy.manifest import Manifest, manifest_sha256
-from specpack.deploy.verified_read import GraphBytes, graph_bytes
+from specpack.contract import integrity
+from specpack.contract.integrity import STAMP_FILE, stamp_key
+from specpack.contract.manifest import Manifest, manifest_sha256
+from specpack.contract.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.runtime.ort_session import OrtGraph
 

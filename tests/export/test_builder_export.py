@@ -116,7 +116,7 @@ def test_builder_quantized_pack(tiny_pairs, tmp_path: Path, method: str) -> None
 def test_cuda_backend_code_runs_builder_packs(builder_pack) -> None:
     """The cuda backend's code on the CPU EP feeds the same inputs: the same greedy and sampled tokens as the
     cpu backend (same seed)."""
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
     from specpack.runtime.backend import BackendOptions
     from specpack.runtime.backends.cuda import CudaBackend
     from specpack.runtime.pack import Pack
@@ -178,7 +178,7 @@ def test_sampled_tokens_equal_the_oracle(builder_pack) -> None:
 def test_manifest_positions_are_strict() -> None:
     """positions "internal" needs the static cache and no position_ids input; "inputs" needs position_ids;
     a graph input the runtime does not feed is refused."""
-    from specpack.deploy.manifest import parse_manifest
+    from specpack.contract.manifest import parse_manifest
     from tests.deploy.manifests import valid_manifest
 
     def parse(mutate) -> None:

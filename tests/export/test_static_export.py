@@ -258,7 +258,7 @@ def test_half_precision_graphs_have_fp32_heads(tiny_pairs, tmp_path: Path, dtype
 def test_pack_manifest_records_each_graph_form(tiny_pairs, tmp_path: Path) -> None:
     """spec-export --kv-cache static: both graphs static, attention auto (standard for head_dim 12), recorded in
     the manifest; --attention gqa for head_dim 12 is refused before anything is exported."""
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
     from specpack.export.config import ExportConfig
     from specpack.export.pipeline import export_pack
 

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from onnx import TensorProto
 
 import specpack
+from specpack.calibration.qdq import prefill_feeds, quantize_calibrated, weight_matmuls
+from specpack.calibration.sets import calibration_set
 from specpack.errors import SpecpackError
 from specpack.export.config import ExportConfig
-from specpack.quantize.calibrated import prefill_feeds, quantize_calibrated, weight_matmuls
-from specpack.quantize.calibration import calibration_set
 
 PROMPTS = ["def add(a, b):", "The quick brown fox jumps over", "import os\nimport sys", "Hello there, how are you?",
            "for i in range(10):\n    print(i)", "Once upon a time"]
@@ -148,7 +148,7 @@ def test_quantized_draft_keeps_greedy_output(tiny_pairs: Callable[..., tuple[Pat
 
 def test_inspect_describes_a_calibrated_target_and_warns() -> None:
     from specpack.cli.pack_cmds import quantization_lines
-    from specpack.deploy.manifest import Quantization
+    from specpack.contract.manifest import Quantization
 
     q = Quantization.model_validate({
         "method": "fp8", "bits": 8, "summary": {"weight_matmuls": 84},

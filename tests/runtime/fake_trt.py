@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from specpack.deploy.engines import Platform
+from specpack.contract.engines import Platform
 
 USER_MANAGED = "USER_MANAGED"  # tensorrt.ExecutionContextAllocationStrategy.USER_MANAGED
 PLATFORM = Platform("NVIDIA Fake GPU", "9.0", "10.13.0.35")

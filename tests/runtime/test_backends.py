@@ -14,7 +14,7 @@ from harness import LookupDrafter, run
 
 import specpack
 from specpack import names
-from specpack.deploy.manifest import Manifest
+from specpack.contract.manifest import Manifest
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BACKENDS, BackendOptions, open_backend
 from specpack.runtime.state import DecodeState

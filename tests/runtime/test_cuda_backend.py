@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import specpack
-from specpack.deploy.manifest import Manifest
+from specpack.contract.manifest import Manifest
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.backends.cuda import CudaBackend

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import specpack
-from specpack.deploy.integrity import STAMP_FILE
+from specpack.contract.integrity import STAMP_FILE
 from specpack.errors import SpecpackError
 
 

@@ -13,7 +13,7 @@ from fake_trt import PLATFORM, FakeCuda, fake_plan, fake_tensorrt
 
 import specpack
 from specpack import names
-from specpack.deploy.engines import Platform
+from specpack.contract.engines import Platform
 from specpack.deploy.trt_build import BuildOptions, ModelBuild, build_pack_engines
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BackendOptions
@@ -50,7 +50,7 @@ def target_alone(pack: Path, prompt: list[int], n: int) -> list[int]:
     """Greedy tokens of the pack's verify graph with no drafts, driven by the static harness (no runtime code)."""
     from static_harness import StaticRunner
 
-    from specpack.deploy.manifest import Manifest
+    from specpack.contract.manifest import Manifest
 
     m = Manifest.read(pack)
     runner = StaticRunner(pack / m.target.graph.path, m.target, m.max_len)

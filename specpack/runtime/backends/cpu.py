@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from specpack import names
-from specpack.deploy.manifest import Manifest, ModelEntry
-from specpack.deploy.verified_read import GraphBytes, graph_bytes
+from specpack.contract.manifest import Manifest, ModelEntry
+from specpack.contract.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions

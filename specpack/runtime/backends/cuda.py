@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from specpack import names
-from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.contract.manifest import Manifest, ModelEntry
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
@@ -111,7 +111,7 @@ class DeviceSession:
                 cuda_options["use_tf32"] = "0"
             providers.insert(0, (PROVIDER, cuda_options))
         if self._external is not None and isinstance(model, bytes):  # verified bytes: nothing read from disk
-            from specpack.deploy.verified_read import GraphBytes
+            from specpack.contract.verified_read import GraphBytes
             from specpack.runtime.ort_session import open_session
 
             return open_session(GraphBytes(self.entry_name, model, self._external), opts, providers)
@@ -355,7 +355,7 @@ class CudaBackend(EngineBackend[DeviceTarget, DeviceDraft]):
         model: Path | bytes = graph_path
         external = None
         if self.options.verified_reads:  # a pinned load: the bytes hashed as they were read, now
-            from specpack.deploy.verified_read import graph_bytes
+            from specpack.contract.verified_read import graph_bytes
 
             verified = graph_bytes(self.path, self.manifest, entry.graph)
             model, external = verified.model, verified.external

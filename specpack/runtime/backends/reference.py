@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from specpack import names
-from specpack.deploy.manifest import Manifest, ModelEntry
+from specpack.contract.manifest import Manifest, ModelEntry
 from specpack.graphs import oracle
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.engine import VerifyRun
@@ -126,7 +126,7 @@ def pack_logits(path: Path, entry: ModelEntry, vocab_size: int, threads: int | N
     `verified`: the pinned manifest, whose files are read as bytes and hashed as they are read."""
     import onnxruntime as ort
 
-    from specpack.deploy.verified_read import graph_bytes
+    from specpack.contract.verified_read import graph_bytes
     from specpack.graphs.logits_output import with_logits_output
     from specpack.limits import numpy_dtype
     from specpack.runtime.ort_session import session_options

@@ -6,7 +6,7 @@ a fake TensorRT and a fake CUDA that execute the pack's ONNX graphs with ONNX Ru
 
     load(path, manifest, options)
       1. TensorRT and libcudart present; this machine's Platform (GPU, compute capability, TensorRT version)
-      2. the engine the manifest lists for each model and this platform, or a refusal (deploy/engines.py);
+      2. the engine the manifest lists for each model and this platform, or a refusal (contract/engines.py);
          the pack's files, engines included, were hashed before this (runtime/pack.py)
       3. per model: deserialize, one execution context, device buffers allocated once:
 
@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specpack import names
-from specpack.deploy.engines import check_buildable, select_engine
-from specpack.deploy.manifest import EngineEntry, Manifest, ModelEntry
+from specpack.contract.engines import check_buildable, select_engine
+from specpack.contract.manifest import EngineEntry, Manifest, ModelEntry
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.engine import VerifyRun
@@ -54,7 +54,7 @@ from specpack.runtime.target import EngineBackend
 if TYPE_CHECKING:
     import tensorrt as trt
 
-    from specpack.deploy.engines import Platform
+    from specpack.contract.engines import Platform
     from specpack.runtime.cuda_rt import Cuda
 
 DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # KV element type -> a host type of its size
@@ -120,7 +120,7 @@ class TrtModel:
         m, cuda, self.cuda, self.stream = backend.manifest, backend.cuda, backend.cuda, backend.stream
         self.backend, self.k_max, self.vocab = backend, m.k_max, m.vocab_size
         if backend.options.verified_reads:  # a pinned load: the bytes deserialized are the bytes hashed
-            from specpack.deploy.verified_read import read_verified
+            from specpack.contract.verified_read import read_verified
 
             plan = read_verified(backend.path, m.file_entry(engine.path))
         else:

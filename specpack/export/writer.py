@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from specpack import __version__
-from specpack.deploy.manifest import (
+from specpack.contract.manifest import (
     MANIFEST_FILE,
     FileEntry,
     GraphEntry,

@@ -12,7 +12,7 @@ ctime_ns, sha256). A later load re-hashes any file whose record differs. `touch 
 mtime but not a ctime, and a copy gets a new inode, so edits, copies and corruption are caught. It does
 not protect against an attacker who can write the pack (they can rewrite the stamp too): pin the
 manifest's sha256 for that (`specpack.load(path, manifest_sha256=...)`): a pinned load never reads the stamp,
-hashes every file, and hands the runtime the bytes it hashed (deploy/verified_read.py). `specpack verify`
+hashes every file, and hands the runtime the bytes it hashed (contract/verified_read.py). `specpack verify`
 always hashes.
 """
 
@@ -26,7 +26,7 @@ import tempfile
 from collections.abc import Collection
 from pathlib import Path
 
-from specpack.deploy.manifest import MANIFEST_FILE, FileEntry, Manifest
+from specpack.contract.manifest import MANIFEST_FILE, FileEntry, Manifest
 from specpack.errors import SpecpackError
 from specpack.hashing import sha256_file
 
@@ -40,7 +40,7 @@ def verify_pack(pack_dir: Path, manifest: Manifest, *, full: bool = False,
     """Raise SpecpackError on the first escaping, missing, resized or altered file; return the files hashed.
 
     full: never trust the stamp (`specpack verify`, and every load with a pinned digest). deferred: files whose
-    hash the caller checks on the bytes it reads (deploy/verified_read.py): here only placed and sized, and
+    hash the caller checks on the bytes it reads (contract/verified_read.py): here only placed and sized, and
     left out of the stamp."""
     paths = resolve_files(pack_dir, manifest)
     stamp = {} if full else _read_stamp(pack_dir)

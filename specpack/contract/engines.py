@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from specpack import names
-from specpack.deploy.manifest import MANIFEST_FILE, EngineEntry, FileEntry, Manifest, ModelEntry, TensorSpec, parse_manifest
+from specpack.contract.manifest import MANIFEST_FILE, EngineEntry, FileEntry, Manifest, ModelEntry, TensorSpec, parse_manifest
 from specpack.errors import SpecpackError
 from specpack.hashing import sha256_file
 

@@ -31,11 +31,11 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from specpack import names
+from specpack.calibration.sets import CalibrationSet
 from specpack.errors import SpecpackError
 from specpack.graphs.prune_logits import LmHead, find_lm_head
 from specpack.hashing import sha256_file
 from specpack.quantize import modes
-from specpack.quantize.calibration import CalibrationSet
 from specpack.quantize.sites import find_sites
 
 
@@ -270,7 +270,7 @@ def _restore(cached: Path, out: Path) -> dict[str, Any]:
 
 
 def _default_cache() -> Path:
-    from specpack.export.fetch import cache_root
+    from specpack.cache_root import cache_root
 
     return cache_root() / "calibrated"
 

@@ -1,6 +1,6 @@
-"""The manifest schema as a JSON Schema document, generated from specpack.deploy.manifest (the one definition).
+"""The manifest schema as a JSON Schema document, generated from specpack.contract.manifest (the one definition).
 
-    python -m specpack.deploy.schema > docs/manifest.schema.json
+    python -m specpack.contract.schema > docs/manifest.schema.json
 
 tests/deploy/test_schema.py fails when the committed file differs from what this prints.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from specpack.deploy.manifest import JSON_DEPTH_LIMIT, MANIFEST_BYTES_LIMIT, Manifest
+from specpack.contract.manifest import JSON_DEPTH_LIMIT, MANIFEST_BYTES_LIMIT, Manifest
 
 SCHEMA_FILE = "docs/manifest.schema.json"
 RULES = [  # what JSON Schema cannot say; Manifest's validators enforce these too
@@ -32,7 +32,7 @@ def manifest_json_schema() -> dict[str, Any]:
     schema = Manifest.model_json_schema(by_alias=True, mode="validation")
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["title"] = "specpack pack manifest (manifest.json)"
-    schema["description"] = ("What a specpack pack holds. Generated from specpack/deploy/manifest.py; "
+    schema["description"] = ("What a specpack pack holds. Generated from specpack/contract/manifest.py; "
                              "also enforced there: " + "; ".join(RULES) + ".")
     return schema
 

@@ -4,7 +4,7 @@
                         --parse_json-->           JSON (no duplicate keys, NaN, deep nesting or lone surrogates)
                         --Manifest.model_validate(strict)-->  Manifest (every field typed and bounded, cross-checked)
 
-Any problem is a SpecpackError naming the field. `python -m specpack.deploy.schema` writes the same schema as
+Any problem is a SpecpackError naming the field. `python -m specpack.contract.schema` writes the same schema as
 JSON Schema (docs/manifest.schema.json) for other tools; the cross-field rules (the `_check_*` validators
 below) are listed in its description.
 """
@@ -24,8 +24,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Va
 
 from specpack import names
 from specpack.errors import SpecpackError
-from specpack.export.config import K_MAX
-from specpack.runtime.tokenizer import LOADED_FILES
+from specpack.limits import K_MAX
 
 SCHEMA_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
@@ -38,7 +37,7 @@ DIM_LIMIT = 1 << 16
 SIZE_LIMIT = 1 << 50              # bytes in one file
 ERRORS_SHOWN = 5
 KV_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # model dtype -> its KV cache element type
-TOKENIZER_FILES = tuple(f"{names.TOKENIZER_DIR}/{f}" for f in LOADED_FILES)  # what the runtime's tokenizer opens
+TOKENIZER_FILES = tuple(f"{names.TOKENIZER_DIR}/{f}" for f in names.TOKENIZER_LOADED_FILES)  # what the runtime's tokenizer opens
 ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain inputs and the KV cache
     "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
     "target": ({names.DRAFT_PROBS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN}),

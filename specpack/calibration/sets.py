@@ -1,6 +1,6 @@
 """Calibration sets for the calibrated Q/DQ modes (calibrated.py): prompts in, token sequences and a hash out.
 
-    prompt file (bench/prompts.py's formats) --seeded choice of N--> texts --model's tokenizer--> ids [N][S]
+    prompt file (specpack/prompts.py's formats) --seeded choice of N--> texts --model's tokenizer--> ids [N][S]
     dataset_sha256 = sha256 of the ids as canonical JSON: what calibration actually saw
 
 A missing, empty or malformed prompt file fails with the readers' SpecpackError; so does a set that tokenizes
@@ -20,7 +20,7 @@ import numpy as np
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
-    from specpack.bench.prompts import BenchPrompt
+    from specpack.prompts import BenchPrompt
 
 DEFAULT_SAMPLES = 32
 DEFAULT_SEED = 0
@@ -66,7 +66,7 @@ def calibration_set(prompt_file: str | Path, samples: int, seed: int, model_dir:
 
 def check_prompt_file(prompt_file: str | Path) -> list[BenchPrompt]:
     """The prompts of a calibration prompt file; a SpecpackError if it is missing, empty or malformed."""
-    from specpack.bench.prompts import read_prompts
+    from specpack.prompts import read_prompts
 
     path = Path(prompt_file).expanduser()
     if not path.is_file():

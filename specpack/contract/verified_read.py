@@ -17,7 +17,7 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from specpack.deploy.manifest import FileEntry, GraphEntry, Manifest
+from specpack.contract.manifest import FileEntry, GraphEntry, Manifest
 from specpack.errors import SpecpackError
 
 
