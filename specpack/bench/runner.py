@@ -50,10 +50,12 @@ class BenchConfig:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
-    def request(self, ids: list[int], k: int | None, max_new_tokens: int | None = None) -> GenerateRequest:
-        """One decode of the run: `ids` with k drafts per step (None: adaptive), the run's drafter, temperature, seed."""
+    def request(self, pack: Pack, ids: list[int], k: int | None, max_new_tokens: int | None = None) -> GenerateRequest:
+        """One decode of the run on `pack`: `ids` with k drafts per step (None: adaptive), the run's drafter,
+        temperature and seed."""
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
-        return GenerateRequest.of(ids, n, k=k, drafter=self.drafter, temperature=self.temperature, seed=self.seed)
+        return GenerateRequest.of(ids, n, k=k, drafter=self.drafter, temperature=self.temperature, seed=self.seed,
+                                  limits=pack.limits)
 
 
 @dataclass(frozen=True)
@@ -161,7 +163,7 @@ def _encode_all(pack: Pack, prompts: Sequence[BenchPrompt],
 def _warm_up(pack: Pack, ids: list[int], ks: tuple[int | None, ...], config: BenchConfig) -> None:
     """First runs allocate ONNX Runtime's arenas: keep them out of the measured numbers."""
     for k in (0, *ks):
-        pack.generate_request(config.request(ids, k, WARMUP_TOKENS))
+        pack.generate_request(config.request(pack, ids, k, WARMUP_TOKENS))
 
 
 def _timing_context(encoded: list[tuple[BenchPrompt, list[int]]], config: BenchConfig, pack: Pack,
@@ -178,7 +180,7 @@ def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tu
         for k in (0, *ks):
             _show(progress, task, description=f"{prompt.id} k={K_AUTO if k is None else k}")
             with memory.phase("autoregressive" if k == 0 else "speculative"):
-                out = pack.generate_request(config.request(ids, k))
+                out = pack.generate_request(config.request(pack, ids, k))
             decode = Decode(out.tokens, out.stats)
             if k == 0:
                 runs.append(PromptRun(prompt, ids, decode))

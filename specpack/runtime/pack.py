@@ -189,7 +189,7 @@ class Pack:
         SpecpackError. The typed path: `generate_request(GenerateRequest(...))`.
         """
         request = GenerateRequest.of(prompt, max_new_tokens, k=k, drafter=drafter, temperature=temperature,
-                                     top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop)
+                                     top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, limits=self.limits)
         return self.generate_request(request, on_text=on_text, cancel=cancel)
 
     def generate_request(self, request: GenerateRequest, *, on_text: Callable[[str], None] | None = None,

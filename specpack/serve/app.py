@@ -175,7 +175,7 @@ class Api:
                 ids, max_tokens, k=self.k, drafter=req.drafter if req.drafter is not None else self.drafter,
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_k=0 if req.top_k in (None, -1) else req.top_k, top_p=1.0 if req.top_p is None else req.top_p,
-                seed=req.seed, stop=req.stop_strings()))
+                seed=req.seed, stop=req.stop_strings(), limits=self.pack.limits))
         except DrafterError as err:
             raise from_specpack(err, param="drafter", code="invalid_value") from err
         except ContextTooLong as err:
