@@ -3,22 +3,28 @@
     k at export     a pack's k_max, the most drafts one verify takes:  K_MIN..K_MAX (1..16)
     k at run time   drafts per step for one request:                   0..the pack's k_max (0: the target alone),
                     or "auto" (K_AUTO; None in the Python API): adaptive, the default
-    dtypes          the graph dtypes spec-export writes                DTYPES (host arrays: NUMPY_DTYPES)
+    dtypes          the graph dtypes spec-export writes                specpack/dtypes.py (DTYPES, the one table)
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
 
+from specpack.dtypes import numpy_dtype  # its home is dtypes.py (the dtype table); the backends import it from here
 from specpack.errors import SpecpackError
+
+__all__ = ["DEFAULT_K", "DEFAULT_MAX_LEN", "DRAFTERS", "K_AUTO", "K_MAX", "K_MIN", "PROMPT_FILE_BYTES",
+           "PROMPT_SET_BYTES", "QuantizationMode", "check_export_k", "check_k", "numpy_dtype", "parse_k"]
 
 K_MIN, K_MAX = 1, 16       # a pack's k_max (spec-export --k)
 DEFAULT_K = 4              # spec-export's default k_max
 K_AUTO = "auto"            # run-time k chosen per step (runtime/adaptive_k.py)
 DRAFTERS = ("model", "ngram")  # who drafts: the pack's draft model, or prompt lookup (runtime/ngram_drafter.py)
+# a pack's quantization modes, named once: the manifest's Quantization.method; quantize/modes.py says what each means
+QuantizationMode = Literal["none", "int8", "int4", "gguf", "int8-sq", "fp8"]
 DEFAULT_MAX_LEN = 2048     # spec-export's default max length (capped by the models' position limits)
-DTYPES = ("fp32", "fp16", "bf16")  # graph dtypes spec-export writes (fp16 / bf16 for GPUs; heads compute in fp32)
-NUMPY_DTYPES = {"fp32": np.float32, "fp16": np.float16}  # a graph dtype -> its KV cache's host dtype
 PROMPT_FILE_BYTES = 4 << 20    # generate --prompt-file: 262,144 tokens (the largest max_len) are about 1 MiB of text
 PROMPT_SET_BYTES = 64 << 20    # one bench --prompts file, after decompression (Spec-Bench's is 0.7 MB)
 
@@ -50,10 +56,3 @@ def parse_k(text: str, what: str = "--k") -> int | None:
     except ValueError:
         raise SpecpackError(f"invalid {what}", expected=f"an integer, or {K_AUTO!r}", found=repr(text)) from None
 
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    """The host dtype of a graph dtype's KV cache (the heads' q and outputs are fp32 / int64 in every dtype)."""
-    if dtype not in NUMPY_DTYPES:
-        raise SpecpackError("unsupported graph dtype", expected=" | ".join(NUMPY_DTYPES), found=repr(dtype),
-                            hint="this runtime is older than the pack: upgrade specpack")
-    return np.dtype(NUMPY_DTYPES[dtype])

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack.bench.memory import peak_rss_kb
+from specpack.dtypes import GRAPH_DTYPES
 from specpack.hashing import sha256_file
 
 if TYPE_CHECKING:
@@ -31,7 +32,6 @@ WARMUP_TOKENS = 8
 TIMING = ("decode_s = generate() wall time - ttft_s, where ttft_s is the wall time of a 1-token generate() of the "
           "target alone on the same prompt (assisted generation emits its first tokens only after a draft round, "
           "so a streamer's first timestamp is not its time to first token); decoded_tokens = new tokens - 1")
-TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 # --- parent side -------------------------------------------------------------------------------------------
@@ -117,7 +117,7 @@ def _load(model_dir: str, dtype: str, threads: int) -> Any:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     torch.set_num_threads(threads)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, TORCH_DTYPES[dtype])).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, GRAPH_DTYPES[dtype].torch)).eval()
     model.generation_config = GenerationConfig()  # plain greedy: no repetition penalty or hub sampling defaults
     return model
 

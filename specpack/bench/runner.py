@@ -23,6 +23,7 @@ from specpack.bench.timing import StepCosts, measure_step_costs
 from specpack.errors import SpecpackError
 from specpack.limits import K_AUTO, check_k
 from specpack.prompts import BenchPrompt
+from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, GenerateRequest
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
@@ -36,8 +37,8 @@ WARMUP_TOKENS = 8
 @dataclass(frozen=True)
 class BenchConfig:
     ks: tuple[int | None, ...] | None = None  # the k sweep, None in it: adaptive k ("auto"); None: k_max and auto
-    max_new_tokens: int = 128
-    temperature: float = 0.0            # 0: greedy
+    max_new_tokens: int = MAX_NEW_TOKENS
+    temperature: float = GREEDY.temperature  # 0: greedy
     seed: int = 0                       # uniforms' seed when sampling; the same for k = 0 and every k
     threads: int | None = None          # ONNX Runtime intra-op threads (None: its default) and torch's in peers
     device: str = "cpu"                 # the backend (runtime/backend.py): cpu, cuda, reference
@@ -48,6 +49,13 @@ class BenchConfig:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def request(self, pack: Pack, ids: list[int], k: int | None, max_new_tokens: int | None = None) -> GenerateRequest:
+        """One decode of the run on `pack`: `ids` with k drafts per step (None: adaptive), the run's drafter,
+        temperature and seed."""
+        n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
+        return GenerateRequest.of(ids, n, k=k, drafter=self.drafter, temperature=self.temperature, seed=self.seed,
+                                  limits=pack.limits)
 
 
 @dataclass(frozen=True)
@@ -155,8 +163,7 @@ def _encode_all(pack: Pack, prompts: Sequence[BenchPrompt],
 def _warm_up(pack: Pack, ids: list[int], ks: tuple[int | None, ...], config: BenchConfig) -> None:
     """First runs allocate ONNX Runtime's arenas: keep them out of the measured numbers."""
     for k in (0, *ks):
-        pack.generate(ids, WARMUP_TOKENS, k=k, drafter=config.drafter, temperature=config.temperature,
-                      seed=config.seed)
+        pack.generate_request(config.request(pack, ids, k, WARMUP_TOKENS))
 
 
 def _timing_context(encoded: list[tuple[BenchPrompt, list[int]]], config: BenchConfig, pack: Pack,
@@ -173,8 +180,7 @@ def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tu
         for k in (0, *ks):
             _show(progress, task, description=f"{prompt.id} k={K_AUTO if k is None else k}")
             with memory.phase("autoregressive" if k == 0 else "speculative"):
-                out = pack.generate(ids, config.max_new_tokens, k=k, drafter=config.drafter,
-                                    temperature=config.temperature, seed=config.seed)
+                out = pack.generate_request(config.request(pack, ids, k))
             decode = Decode(out.tokens, out.stats)
             if k == 0:
                 runs.append(PromptRun(prompt, ids, decode))

@@ -15,7 +15,7 @@ from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_o
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
 from specpack.limits import PROMPT_FILE_BYTES, parse_k
-from specpack.validation import check_generate_args
+from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, GenerateRequest
 
 
 def read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
@@ -48,14 +48,14 @@ def _print_piece(text: str) -> None:
 @click.argument("pack", type=click.Path(path_type=Path))
 @click.option("--prompt", default=None, help="Prompt text.")
 @click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
-@click.option("--max-new-tokens", type=int, default=128, show_default=True)
+@click.option("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, show_default=True)
 @k_option
 @drafter_option
 @ngram_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt as one user message in the model's chat template.")
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 is greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 disables.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 disables.")
+@click.option("--temperature", type=float, default=GREEDY.temperature, show_default=True, help="0 is greedy.")
+@click.option("--top-k", type=int, default=GREEDY.top_k, show_default=True, help="0 disables.")
+@click.option("--top-p", type=float, default=GREEDY.top_p, show_default=True, help="1.0 disables.")
 @click.option("--seed", type=int, default=None, help="Seed of the uniforms (sampling only).")
 @click.option("--device", default="cpu", show_default=True, help="Backend: cpu, cuda, reference or tensorrt.")
 @click.option("--threads", type=int, default=None,
@@ -71,15 +71,11 @@ def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, m
     """Generate a completion with speculative decoding."""
     import specpack
 
-    text = read_prompt(prompt, prompt_file)
-    k = parse_k(k_text)
-    check_generate_args(text, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                        chat=chat)  # the checks Pack.generate repeats with the pack's limits, before loading it
-    ngram = ngram_config(ngram_min, ngram_max)
+    request = GenerateRequest.of(read_prompt(prompt, prompt_file), max_new_tokens, k=parse_k(k_text), drafter=drafter,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
+    ngram = ngram_config(ngram_min, ngram_max)  # the request is checked before the pack loads; the pack's limits then
     loaded = specpack.load(pack, device=device, threads=threads, manifest_sha256=manifest_sha256, ngram=ngram)
-    on_text = None if as_json else _print_piece
-    out = loaded.generate(text, max_new_tokens, k=k, drafter=drafter, temperature=temperature, top_k=top_k,
-                          top_p=top_p, seed=seed, chat=chat, on_text=on_text)
+    out = loaded.generate_request(request, on_text=None if as_json else _print_piece)
     if as_json:
         click.echo(json.dumps({"tokens": out.tokens, "text": out.text, "finish_reason": out.finish_reason,
                                "stats": out.stats}))

@@ -23,8 +23,9 @@ from typing import Annotated, Any, Final, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from specpack import names
+from specpack.dtypes import GRAPH_DTYPES, DtypeName
 from specpack.errors import SpecpackError
-from specpack.limits import K_MAX
+from specpack.limits import K_MAX, QuantizationMode
 
 SCHEMA_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
@@ -36,7 +37,6 @@ VOCAB_LIMIT = 1 << 22
 DIM_LIMIT = 1 << 16
 SIZE_LIMIT = 1 << 50              # bytes in one file
 ERRORS_SHOWN = 5
-KV_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # model dtype -> its KV cache element type
 TOKENIZER_FILES = tuple(f"{names.TOKENIZER_DIR}/{f}" for f in names.TOKENIZER_LOADED_FILES)  # what the runtime's tokenizer opens
 ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain inputs and the KV cache
     "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
@@ -164,7 +164,7 @@ class QuantizedTensor(_Open):
 class Quantization(_Open):
     """How a model's weights are stored (quantize/stage.py writes it); later methods add extra JSON fields."""
 
-    method: Literal["none", "int8", "int4", "gguf", "int8-sq", "fp8"]
+    method: QuantizationMode          # quantize/modes.py
     bits: Annotated[int, Field(ge=1, le=32)] | None = None
     block_size: Annotated[int, Field(ge=1, le=1 << 16)] | None = None
     accuracy_level: Annotated[int, Field(ge=0, le=16)] | None = None
@@ -193,7 +193,7 @@ class ModelEntry(_Closed):
     head_dim: Annotated[int, Field(ge=1, le=4096)]
     vocab_rows: Annotated[int, Field(ge=1, le=VOCAB_LIMIT)]
     max_positions: Annotated[int, Field(ge=2, le=1 << 31)] | None
-    dtype: Literal["fp32", "fp16", "bf16"]
+    dtype: DtypeName
     quantization: Quantization | None = None  # None: the graph as exported (quantize/stage.py, fidelity.py)
     graph: GraphEntry
 
@@ -217,8 +217,9 @@ class ModelEntry(_Closed):
 
 
 def _check_kv_spec(spec: TensorSpec, model: ModelEntry) -> None:
-    if spec.dtype != KV_DTYPES[model.dtype]:
-        raise ValueError(f"{spec.name} is {spec.dtype}, while dtype {model.dtype} needs {KV_DTYPES[model.dtype]}")
+    element = GRAPH_DTYPES[model.dtype].element  # the KV cache's element type
+    if spec.dtype != element:
+        raise ValueError(f"{spec.name} is {spec.dtype}, while dtype {model.dtype} needs {element}")
     if len(spec.shape) != 4:
         raise ValueError(f"{spec.name} has {len(spec.shape)} dims, expected 4 [batch, kv_heads, length, head_dim]")
     heads, dim = spec.shape[1], spec.shape[3]

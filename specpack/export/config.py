@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from specpack.calibration.sets import DEFAULT_SAMPLES as DEFAULT_CALIB_SAMPLES
 from specpack.calibration.sets import DEFAULT_SEED as DEFAULT_CALIB_SEED
+from specpack.dtypes import DTYPES
 from specpack.errors import SpecpackError
 from specpack.export.builder_export import (
     EXECUTION_PROVIDERS,
@@ -14,7 +15,7 @@ from specpack.export.builder_export import (
     check_builder_quantization,
 )
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES, GraphForm, resolve_form
-from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, DTYPES, K_MAX, K_MIN, check_export_k
+from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, K_MAX, K_MIN, check_export_k
 from specpack.quantize import modes
 
 # the CLI reads them here

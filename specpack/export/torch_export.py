@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack import names
+from specpack.dtypes import DTYPES, GRAPH_DTYPES
 from specpack.errors import SpecpackError
-from specpack.export.config import DTYPES
 from specpack.export.graph_form import CONCAT, GraphForm
 from specpack.export.model_info import SUPPORTED_FAMILIES, ModelInfo, read_model_info
 
@@ -43,8 +43,6 @@ if TYPE_CHECKING:
     import torch
 
 OPSET = 20  # pinned: torch's default opset differs between versions
-_ONNX_DTYPE = {"fp32": 1, "fp16": 10, "bf16": 16}  # onnx.TensorProto.FLOAT, FLOAT16, BFLOAT16
-_TORCH_DTYPE = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 # dim_params of the exported graph (optimum's names; MAX: the static buffers' length, max_len)
 BATCH, SEQ, PAST, TOTAL, MAX = ("batch_size", "sequence_length", "past_sequence_length", "total_sequence_length",
                                 "max_sequence_length")
@@ -99,7 +97,7 @@ def _load_model(model_dir: Path, dtype: str, attn_implementation: str) -> torch.
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, _TORCH_DTYPE[dtype]),
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, GRAPH_DTYPES[dtype].torch),
                                                  attn_implementation=attn_implementation)
     _fusable_rms_norms(model)
     return model.eval()
@@ -174,7 +172,7 @@ def _example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
 
     batch, seq, past = 2, 3, 5
     kv = (batch, info.kv_heads, past, info.head_dim)
-    torch_dtype = getattr(torch, _TORCH_DTYPE[dtype])
+    torch_dtype = getattr(torch, GRAPH_DTYPES[dtype].torch)
     return (
         torch.zeros(batch, seq, dtype=torch.int64),  # input_ids       [B, S]
         torch.arange(past, past + seq).repeat(batch, 1),  # position_ids    [B, S]
@@ -223,7 +221,7 @@ def _static_example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
         torch.zeros(1, seq, dtype=torch.int64),  # input_ids       [1, S]
         torch.arange(past, past + seq)[None],  # position_ids    [1, S]
         mask,  # attention_mask  [1, M]
-        *[torch.zeros(kv, dtype=getattr(torch, _TORCH_DTYPE[dtype])) for _ in range(2 * info.num_layers)],
+        *[torch.zeros(kv, dtype=getattr(torch, GRAPH_DTYPES[dtype].torch)) for _ in range(2 * info.num_layers)],
     )
 
 
@@ -278,15 +276,15 @@ def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm) -
     model = onnx.load(str(out_onnx), load_external_data=False)
     static = form.kv_cache == "static"
     batch: str | int = 1 if static else BATCH
-    kv_in = (_ONNX_DTYPE[dtype], (batch, info.kv_heads, MAX if static else PAST, info.head_dim))
-    kv_out = (_ONNX_DTYPE[dtype], (batch, info.kv_heads, MAX if static else None, info.head_dim))  # None: L+S
+    kv_in = (GRAPH_DTYPES[dtype].onnx, (batch, info.kv_heads, MAX if static else PAST, info.head_dim))
+    kv_out = (GRAPH_DTYPES[dtype].onnx, (batch, info.kv_heads, MAX if static else None, info.head_dim))  # None: L+S
     int64 = onnx.TensorProto.INT64
     want_in: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
         names.INPUT_IDS: (int64, (batch, SEQ)), names.POSITION_IDS: (int64, (batch, SEQ)),
         names.ATTENTION_MASK: (int64, (batch, MAX if static else TOTAL)),
         **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
     want_out: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
-        names.LOGITS: (_ONNX_DTYPE[dtype], (batch, SEQ, info.vocab_rows)),
+        names.LOGITS: (GRAPH_DTYPES[dtype].onnx, (batch, SEQ, info.vocab_rows)),
         **dict.fromkeys(names.kv_names(info.num_layers, "present"), kv_out)}
     for kind, values, want in (("input", model.graph.input, want_in), ("output", model.graph.output, want_out)):
         got = {v.name: (v.type.tensor_type.elem_type, tuple(d.dim_param or d.dim_value

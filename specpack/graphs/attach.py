@@ -23,6 +23,7 @@ import onnx
 from onnx import TensorProto
 
 from specpack import names
+from specpack.dtypes import BY_ONNX
 from specpack.errors import SpecpackError
 from specpack.graphs import sampling_graph, sampling_trt
 from specpack.graphs.heads import (
@@ -40,7 +41,6 @@ from specpack.graphs.prune_logits import LmHead, find_lm_head, slice_lm_head_inp
 
 TRANSFORMS: dict[str, Transform] = {"onnxruntime": sampling_graph.transform, "tensorrt": sampling_trt.transform}
 MIN_OPSET = 18  # ReduceMax / ReduceMin take axes as an input from opset 18
-LOGITS_TYPES = {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.BFLOAT16: "bfloat16"}
 # ONNX Runtime contrib ops registered in the default ONNX domain (onnxruntime-genai's model builder writes them
 # there), unknown to onnx's checker; checked as the contrib ops they are (see _check_model)
 ORT_DEFAULT_DOMAIN_OPS = frozenset({"SimplifiedLayerNormalization", "SkipSimplifiedLayerNormalization"})
@@ -143,8 +143,8 @@ def _check_plain(model: onnx.ModelProto, plain: Path, io: HeadIO, vocab_size: in
     if taken:
         raise SpecpackError(f"{plain}: already has the head's inputs or outputs", found=", ".join(taken))
     tensor_type = outputs[names.LOGITS].type.tensor_type
-    if tensor_type.elem_type not in LOGITS_TYPES:
-        raise SpecpackError(f"{plain}: unsupported logits dtype", expected=" / ".join(LOGITS_TYPES.values()),
+    if tensor_type.elem_type not in BY_ONNX:
+        raise SpecpackError(f"{plain}: unsupported logits dtype", expected=" / ".join(d.element for d in BY_ONNX.values()),
                             found=TensorProto.DataType.Name(tensor_type.elem_type))
     dims = tensor_type.shape.dim
     model_vocab = dims[2].dim_value if len(dims) == 3 and dims[2].HasField("dim_value") else None

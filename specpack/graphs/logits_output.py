@@ -14,14 +14,11 @@ from typing import TYPE_CHECKING
 import onnx
 
 from specpack import names
+from specpack.dtypes import GRAPH_DTYPES
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
     from specpack.contract.verified_read import GraphBytes
-
-LOGITS_ELEM_TYPES = {"fp32": onnx.TensorProto.FLOAT, "fp16": onnx.TensorProto.FLOAT16,
-                     "bf16": onnx.TensorProto.BFLOAT16}
-
 
 def with_logits_output(graph_path: Path, dtype: str, verified: GraphBytes | None = None) -> bytes:
     """The serialized graph at `graph_path` (external data loaded) with `logits` as an extra output; `verified`:
@@ -30,7 +27,7 @@ def with_logits_output(graph_path: Path, dtype: str, verified: GraphBytes | None
     if names.LOGITS not in {o for node in model.graph.node for o in node.output}:
         raise SpecpackError(f"{graph_path.name} has no internal {names.LOGITS!r} value",
                             expected="a graph written by spec-export", found="no such value")
-    model.graph.output.append(onnx.helper.make_tensor_value_info(names.LOGITS, LOGITS_ELEM_TYPES[dtype], None))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(names.LOGITS, GRAPH_DTYPES[dtype].onnx, None))
     try:
         return model.SerializeToString()
     except ValueError as err:  # protobuf refuses messages over 2 GB

@@ -1,4 +1,5 @@
-"""Quantization modes of a pack's graphs: names, and what each means. The one place that defines them.
+"""Quantization modes of a pack's graphs: names, and what each means (the names themselves: limits.QuantizationMode,
+which the manifest's Quantization.method is).
 
     none   the plain graph as exported (fp32 or fp16)
     int8   weight-only: every MatMul weight, the lm_head and the token embedding as 8-bit blocks
@@ -24,12 +25,14 @@ Their stage is calibration/qdq.py (nvidia-modelopt's ONNX PTQ, a calibration set
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
-NONE, INT8, INT4, GGUF = "none", "int8", "int4", "gguf"
-INT8_SQ, FP8 = "int8-sq", "fp8"  # calibrated Q/DQ, weights and activations (calibration/qdq.py)
+from specpack.limits import QuantizationMode
+
+ALL: tuple[str, ...] = get_args(QuantizationMode)  # none, int8, int4, gguf, int8-sq, fp8
+NONE, INT8, INT4, GGUF, INT8_SQ, FP8 = ALL       # int8-sq, fp8: calibrated Q/DQ, weights and activations (calibration/qdq.py)
 WEIGHT_ONLY = (NONE, INT8, INT4)  # the --quantize-draft / --quantize-target choices
 CALIBRATED = (INT8_SQ, FP8)       # need a calibration set (--calib-prompts)
-ALL = (*WEIGHT_ONLY, GGUF, *CALIBRATED)
 ACCURACY_INT8 = 4  # MatMulNBits accuracy_level: int8 activations, the integer kernels
 
 

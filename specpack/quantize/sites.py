@@ -19,7 +19,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-_FLOATS: dict[int, type] = {TensorProto.FLOAT: np.float32, TensorProto.FLOAT16: np.float16}
+from specpack.dtypes import GRAPH_DTYPES
+
+_FLOATS: dict[int, type] = {d.onnx: d.host for d in GRAPH_DTYPES.values() if d.host is not None}  # numpy can hold
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,12 @@ from typing import Any
 
 from specpack import names
 from specpack.contract.manifest import GraphEntry, TensorSpec
+from specpack.dtypes import GRAPH_DTYPES
 from specpack.errors import SpecpackError
 
 SHOWN = 5
 # ONNX Runtime's type strings -> the manifest's element types (numpy names)
-ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(bfloat16)": "bfloat16",
+ORT_TYPES = {**{d.ort: d.element for d in GRAPH_DTYPES.values()},
              "tensor(double)": "float64", "tensor(int64)": "int64", "tensor(int32)": "int32", "tensor(int8)": "int8",
              "tensor(uint8)": "uint8", "tensor(bool)": "bool"}
 

@@ -29,11 +29,13 @@ from specpack.runtime.drafter import Drafter, ModelDrafter
 from specpack.runtime.k_policy import FixedK, KPolicy
 from specpack.runtime.loop import decode
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
+from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, DrafterError, GenerateRequest, PreparedRequest
 from specpack.runtime.state import DecodeState
 from specpack.runtime.stats import DecodeStats
+from specpack.runtime.stop_strings import TextOut
 from specpack.runtime.tokenizer import CONFIG_FILE, TOKENIZER_FILE, PackTokenizer
 from specpack.sampling import SamplingParams, Uniforms
-from specpack.validation import PackLimits, check_context, check_generate_args, check_load_args, check_prompt
+from specpack.validation import PackLimits, brief, check_context, check_load_args, check_prompt
 
 # the draft phase per draft in target steps, where the k schedule must not follow the clock (seeded sampling)
 PRIOR_DRAFT_COST = {"model": 0.5, "ngram": 0.0}
@@ -44,7 +46,7 @@ class Generation:
     tokens: list[int]                 # new token ids, ending with the eos id when one ended generation
     text: str                         # their text, special tokens skipped
     stats: dict[str, Any] = field(default_factory=dict)
-    finish_reason: str = "length"     # "eos" | "length" (max_new_tokens reached) | "cancelled"
+    finish_reason: str = "length"     # "eos" | "length" (max_new_tokens reached) | "stop" (a stop string) | "cancelled"
 
 
 def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | None = None,
@@ -130,9 +132,11 @@ class Pack:
     def encode(self, prompt: str | Sequence[int], *, chat: bool = False) -> list[int]:
         """Prompt ids: a list of ids as is, a string tokenized as is, or wrapped in the chat template."""
         checked = check_prompt(prompt, chat=chat, vocab_size=self.manifest.vocab_size)
-        if not isinstance(checked, str):
-            return checked
-        ids = self.tokenizer.encode_chat(checked) if chat else self.tokenizer.encode(checked)
+        return checked if not isinstance(checked, str) else self._encode_text(checked, chat)
+
+    def _encode_text(self, text: str, chat: bool) -> list[int]:
+        """A checked text prompt's ids, each below the graphs' vocabulary."""
+        ids = self.tokenizer.encode_chat(text) if chat else self.tokenizer.encode(text)
         if ids and (top := max(ids)) >= self.manifest.vocab_size:  # the graphs' embedding would fail on it
             raise SpecpackError("the pack's tokenizer gave an id outside the graphs' vocabulary",
                                 expected=f"ids below vocab_size {self.manifest.vocab_size}", found=f"id {top}",
@@ -144,9 +148,9 @@ class Pack:
         if name is None:
             name = self.default_drafter
         if name not in DRAFTERS:
-            raise SpecpackError(f"unknown drafter {name!r}", expected=" | ".join(DRAFTERS), found=repr(name))
+            raise DrafterError(f"unknown drafter {name!r}", expected=" | ".join(DRAFTERS), found=repr(name))
         if name not in self.drafters:
-            raise SpecpackError("this pack has no draft model", expected="drafter 'ngram' (prompt lookup) for this pack",
+            raise DrafterError("this pack has no draft model", expected="drafter 'ngram' (prompt lookup) for this pack",
                                 found=f"drafter {name!r}, a pack exported with --drafter {self.default_drafter}",
                                 hint="use --drafter ngram, or export the pack with --draft D")
         return name, self.drafters[name]
@@ -165,55 +169,73 @@ class Pack:
         self._costs[drafter] = policy.costs  # the step costs measured so far carry over to the next request
         return policy
 
-    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = 128, *, k: int | None = None,
-                 drafter: str | None = None, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
-                 seed: int | None = None, chat: bool = False, on_text: Callable[[str], None] | None = None,
-                 cancel: threading.Event | None = None) -> Generation:
+    @property
+    def limits(self) -> PackLimits:
+        m = self.manifest
+        return PackLimits(m.k_max, m.vocab_size, m.max_len)
+
+    def generate(self, prompt: str | Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS, *, k: int | None = None,
+                 drafter: str | None = None, temperature: float = GREEDY.temperature, top_k: int = GREEDY.top_k,
+                 top_p: float = GREEDY.top_p, seed: int | None = None, chat: bool = False, stop: Sequence[str] = (),
+                 on_text: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> Generation:
         """Speculative decoding: k drafts per step (None, the default: adaptive, "auto"; 0: the target alone)
         from `drafter` ("model" | "ngram"; None: the pack's own, the manifest's `drafter`).
 
         Greedy by default; the output distribution is the target's for any sampling parameters, and the same
         seed gives the same tokens. `on_text` receives the text as it is decoded; an exception it raises
         propagates and leaves the pack ready for the next call. `cancel` is checked before every step: once
-        set, generation stops within one step with finish_reason "cancelled". After `close()`: a SpecpackError.
+        set, generation stops within one step with finish_reason "cancelled". `stop`: generation ends right before
+        the first of these strings (finish_reason "stop"; the text and on_text end before it). After `close()`: a
+        SpecpackError. The typed path: `generate_request(GenerateRequest(...))`.
         """
-        self._check_open()
-        m = self.manifest
-        args = check_generate_args(prompt, max_new_tokens, k=k, temperature=temperature, top_k=top_k, top_p=top_p,
-                                   seed=seed, chat=chat, on_text=on_text, cancel=cancel,
-                                   limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
-        prompt, max_new_tokens, params, seed = args.prompt, args.max_new_tokens, args.sampling, args.seed
-        name, chosen = self.drafter_named(drafter)
-        ids = self.encode(prompt, chat=chat)
-        self._check_request(len(ids), max_new_tokens)
-        policy = self.policy(args.k, name, params, seed)
-        stream = self.tokenizer.stream() if on_text is not None else None
+        request = GenerateRequest.of(prompt, max_new_tokens, k=k, drafter=drafter, temperature=temperature,
+                                     top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, limits=self.limits)
+        return self.generate_request(request, on_text=on_text, cancel=cancel)
 
-        def on_tokens(new: list[int]) -> None:
-            if stream is not None and on_text is not None:
-                for token in new:
-                    if text := stream.push(token):
-                        on_text(text)
+    def generate_request(self, request: GenerateRequest, *, on_text: Callable[[str], None] | None = None,
+                         cancel: threading.Event | None = None) -> Generation:
+        """`generate` for a request made already: prepare it for this pack, then run it."""
+        return self.run(self.prepare(request), on_text=on_text, cancel=cancel)
+
+    def prepare(self, request: GenerateRequest) -> PreparedRequest:
+        """Check a request against this pack, once: its limits, the drafter it asks for, the prompt encoded, the
+        context. The server prepares each request before queueing it, so that every refusal comes before decoding."""
+        self._check_open()
+        request.check_fits(self.limits)
+        name = self.drafter_named(request.drafter)[0]
+        prompt = request.prompt
+        ids = tuple(prompt) if not isinstance(prompt, str) else tuple(self._encode_text(prompt, request.chat))
+        if not ids:
+            raise SpecpackError("empty prompt", expected="at least one token", found="0 tokens")
+        check_context(len(ids), request.max_new_tokens, self.manifest.max_len)
+        return PreparedRequest(request, ids, name)
+
+    def run(self, prepared: PreparedRequest, *, on_text: Callable[[str], None] | None = None,
+            cancel: threading.Event | None = None) -> Generation:
+        """Decode a prepared request (Pack.prepare): the generation, under the pack's lock."""
+        if on_text is not None and not callable(on_text):
+            raise SpecpackError("invalid on_text", expected="a function taking a str, or None", found=brief(on_text))
+        if cancel is not None and not callable(getattr(cancel, "is_set", None)):
+            raise SpecpackError("invalid cancel", expected="a threading.Event (anything with an is_set() method), or None",
+                                found=brief(cancel), hint="pass cancel=threading.Event() and set() it to stop")
+        self._check_open()
+        m, request, ids = self.manifest, prepared.request, list(prepared.ids)
+        params, seed = request.sampling, request.seed
+        policy = self.policy(request.k, prepared.drafter, params, seed)
+        text = TextOut(self.tokenizer, request.stop, on_text)
 
         with self.exclusive() as backend:
             self._check_open()  # closed while this call waited for the lock
-            state = DecodeState.start(ids, max_new_tokens, params, Uniforms(params, m.k_max, seed=seed),
+            state = DecodeState.start(ids, request.max_new_tokens, params, Uniforms(params, m.k_max, seed=seed),
                                       eos_ids=self.eos_ids, max_len=m.max_len, k_max=m.k_max,
-                                      stats=DecodeStats(k=policy.k_max, drafter=name,
-                                                        k_policy="fixed" if args.k is not None else "auto"))
-            finish_reason = decode(state, backend.target(), chosen, policy, on_tokens, cancel)
-        if stream is not None and on_text is not None and (rest := stream.flush()):
-            on_text(rest)
+                                      stats=DecodeStats(k=policy.k_max, drafter=prepared.drafter,
+                                                        k_policy="fixed" if request.k is not None else "auto"))
+            finish_reason = decode(state, backend.target(), self.drafters[prepared.drafter], policy,
+                                   text.push if text.streaming else None, text.halt(cancel))
         stats = state.stats.to_dict()
         stats["prompt_tokens"] = len(ids)
-        return Generation(tokens=state.out, text=self.tokenizer.decode(state.out), stats=stats,
-                          finish_reason=finish_reason)
-
-    def _check_request(self, n_prompt: int, max_new_tokens: int) -> None:
-        m = self.manifest
-        if n_prompt == 0:
-            raise SpecpackError("empty prompt", expected="at least one token", found="0 tokens")
-        check_context(n_prompt, max_new_tokens, m.max_len)
+        finish_reason, out_text = text.finish(finish_reason, state.out)
+        return Generation(tokens=state.out, text=out_text, stats=stats, finish_reason=finish_reason)
 
     def _check_open(self) -> None:
         if self.closed:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -30,24 +30,28 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from specpack.errors import SpecpackError
+from specpack.runtime.request import DrafterError, GenerateRequest, PreparedRequest
 from specpack.serve.api_errors import APIError, bad_request, from_specpack, from_validation, request_param
 from specpack.serve.body import read_body
 from specpack.serve.config import ServeConfig
-from specpack.serve.decoder import Aborted, Decoder, DecodeSpec, Done, Event, Failed, Job, Piece
+from specpack.serve.decoder import Aborted, Decoder, Done, Event, Failed, Job, Piece
 from specpack.serve.guard import FramingGuard
 from specpack.serve.metrics import ServerMetrics, StatusMiddleware
 from specpack.serve.protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, check_unique_keys
 from specpack.serve.responses import Shapes, sse
-from specpack.validation import PackLimits, check_context, check_generate_args
+from specpack.validation import ContextTooLong
+
+if TYPE_CHECKING:
+    from specpack.runtime.pack import Pack
 
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions; chat: the rest of the context
 R = TypeVar("R", bound=SamplingRequest)
 
 
-def build_app(pack: Any, config: ServeConfig) -> Starlette:
+def build_app(pack: Pack, config: ServeConfig) -> Starlette:
     """The app over a loaded pack; its lifespan starts and stops the decoder."""
     metrics = ServerMetrics()
-    decoder = Decoder(pack, metrics, k=config.k, max_queue=config.max_queue, timeout_s=config.timeout_s)
+    decoder = Decoder(pack, metrics, max_queue=config.max_queue, timeout_s=config.timeout_s)
     api = Api(pack, decoder, metrics, config)
 
     @asynccontextmanager
@@ -74,9 +78,10 @@ def build_app(pack: Any, config: ServeConfig) -> Starlette:
 
 
 class Api:
-    def __init__(self, pack: Any, decoder: Decoder, metrics: ServerMetrics, config: ServeConfig) -> None:
+    def __init__(self, pack: Pack, decoder: Decoder, metrics: ServerMetrics, config: ServeConfig) -> None:
         self.pack, self.decoder, self.metrics, self.model = pack, decoder, metrics, config.served_name
         self.max_body_bytes, self.read_timeout_s = config.max_body_bytes, config.read_timeout_s
+        self.k = config.k  # `specpack serve --k`, every request's (None: adaptive)
         self.drafter = config.drafter  # `specpack serve --drafter`; None: the pack's own
         self._tokenizing = asyncio.Lock()
 
@@ -90,7 +95,7 @@ class Api:
             prompt = prompt[0]
         with self.decoder.place() as enqueue:  # 429 / 503 before the prompt costs anything
             ids = await self._tokenize("prompt", self.pack.encode, prompt)
-            job = enqueue(self._spec(req, ids, req.max_tokens, param="prompt"))
+            job = enqueue(self._prepare(req, ids, req.max_tokens, param="prompt"))
         return await self._answer(request, req, job, Shapes(self.model, chat=False))
 
     async def chat_completions(self, request: Request) -> Response:
@@ -102,10 +107,11 @@ class Api:
             ids = await self._tokenize("messages", self.pack.tokenizer.encode_messages, messages,
                                        add_generation_prompt=True)
             if req.max_completion_tokens is not None:
-                spec = self._spec(req, ids, req.max_completion_tokens, param="messages", tokens="max_completion_tokens")
+                prepared = self._prepare(req, ids, req.max_completion_tokens, param="messages",
+                                         tokens="max_completion_tokens")
             else:
-                spec = self._spec(req, ids, req.max_tokens, param="messages")
-            job = enqueue(spec)
+                prepared = self._prepare(req, ids, req.max_tokens, param="messages")
+            job = enqueue(prepared)
         return await self._answer(request, req, job, Shapes(self.model, chat=True))
 
     async def _tokenize(self, param: str, encode: Callable[..., list[int]], *args: Any, **kwargs: Any) -> list[int]:
@@ -155,35 +161,30 @@ class Api:
         req.check_supported()
         return req
 
-    def _spec(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str,
-              tokens: str = "max_tokens") -> DecodeSpec:
-        """The request's arguments with OpenAI's defaults (temperature 1), checked by specpack.validation as
-        Pack.generate checks them, and the context-length check, before the request is queued. Errors name the
-        fields as the request did (`tokens`: max_tokens or max_completion_tokens)."""
+    def _prepare(self, req: SamplingRequest, ids: list[int], max_tokens: int | None, param: str,
+                 tokens: str = "max_tokens") -> PreparedRequest:
+        """The request's GenerateRequest with OpenAI's defaults (temperature 1), prepared by the pack (its limits, the
+        drafter, the context length) before the request is queued. Errors name the fields as the request did
+        (`tokens`: max_tokens or max_completion_tokens)."""
         names = {"max_new_tokens": tokens}
         m = self.pack.manifest
         if max_tokens is None:
             max_tokens = max(1, m.max_len - len(ids)) if isinstance(req, ChatCompletionRequest) else DEFAULT_COMPLETION_TOKENS
-        temperature = 1.0 if req.temperature is None else req.temperature
-        top_k = 0 if req.top_k in (None, -1) else req.top_k
-        top_p = 1.0 if req.top_p is None else req.top_p
-        try:
-            args = check_generate_args(ids, max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=req.seed,
-                                       limits=PackLimits(m.k_max, m.vocab_size, m.max_len))
-        except SpecpackError as err:
-            raise from_specpack(err, param=request_param(err, names), code="invalid_value", names=names) from err
-        try:
-            check_context(len(ids), max_tokens, m.max_len)
-        except SpecpackError as err:
+        try:  # the request's drafter (extension), else --drafter, else the pack's own: one the pack has
+            return self.pack.prepare(GenerateRequest.of(
+                ids, max_tokens, k=self.k, drafter=req.drafter if req.drafter is not None else self.drafter,
+                temperature=1.0 if req.temperature is None else req.temperature,
+                top_k=0 if req.top_k in (None, -1) else req.top_k, top_p=1.0 if req.top_p is None else req.top_p,
+                seed=req.seed, stop=req.stop_strings(), limits=self.pack.limits))
+        except DrafterError as err:
+            raise from_specpack(err, param="drafter", code="invalid_value") from err
+        except ContextTooLong as err:
             raise bad_request(f"This model's maximum context length is {m.max_len} tokens. However, you requested "
                               f"{len(ids) + max_tokens} tokens ({len(ids)} in the {param}, {max_tokens} for the "
                               f"completion). Please reduce the length of the {param} or {tokens}.",
                               param=param, code="context_length_exceeded") from err
-        try:  # the request's drafter (extension), else --drafter, else the pack's own: one the pack has
-            drafter = self.pack.drafter_named(req.drafter if req.drafter is not None else self.drafter)[0]
         except SpecpackError as err:
-            raise from_specpack(err, param="drafter", code="invalid_value") from err
-        return DecodeSpec(args, req.stop_strings(), drafter)
+            raise from_specpack(err, param=request_param(err, names), code="invalid_value", names=names) from err
 
     async def _answer(self, request: Request, req: SamplingRequest, job: Job, shapes: Shapes) -> Response:
         """Answer a queued job with one JSON body, or stream once the first event is in."""

@@ -1,13 +1,14 @@
 """One decode at a time per pack: a bounded FIFO of jobs, a dispatcher task and one worker thread (docs/serving.md).
 
-    handler ─ submit(spec) ─> waiting (deque, <= max_queue; full: 429) ─> dispatcher ─> worker thread
-       ^                                                               one at a time     pack.generate(on_text=...,
-       └──── job.events (asyncio.Queue): Piece*, then Done | Aborted | Failed <─────     cancel=job.halt)
+    handler ─ submit(prepared) ─> waiting (deque, <= max_queue; full: 429) ─> dispatcher ─> worker thread
+       ^                                                                   one at a time   pack.run(prepared,
+       └──── job.events (asyncio.Queue): Piece*, then Done | Aborted | Failed <─────       on_text=..., cancel=job.halt)
                                                                      call_soon_threadsafe
 
-Stopping a decode early: abort(job, reason) (client gone, timeout, shutdown) or a stop string sets job.halt,
-which is the runtime's cancel event: the loop checks it before every step, so generation stops within one step
-and returns with its statistics. The dispatcher waits for the worker to return before it takes the next job.
+Stopping a decode early: abort(job, reason) (client gone, timeout, shutdown) sets job.halt, which is the runtime's
+cancel event: the loop checks it before every step, so generation stops within one step and returns with its
+statistics. A stop string (the request's `stop`) is cut and ends generation in the pack the same way (Pack.run).
+The dispatcher waits for the worker to return before it takes the next job.
 """
 
 from __future__ import annotations
@@ -21,30 +22,18 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from specpack.errors import SpecpackError
-from specpack.runtime.stop_strings import StopMatcher
+from specpack.runtime.request import PreparedRequest
 from specpack.serve.api_errors import APIError, from_specpack
 from specpack.serve.metrics import ServerMetrics
-from specpack.validation import GenerateArgs
+
+if TYPE_CHECKING:
+    from specpack.runtime.pack import Pack
 
 log = logging.getLogger("specpack.serve")
-
-
-@dataclass(frozen=True)
-class DecodeSpec:
-    """What one request asks the pack to generate: arguments checked by specpack.validation, and stop strings."""
-
-    args: GenerateArgs             # prompt ids, max_new_tokens, sampling, seed (k: the server's)
-    stop: list[str] = field(default_factory=list)
-    drafter: str | None = None     # "model" | "ngram", checked against the pack; None: the pack's own
-
-    @property
-    def ids(self) -> list[int]:
-        assert isinstance(self.args.prompt, list)  # the server encodes text before it checks the arguments
-        return self.args.prompt
 
 
 @dataclass(frozen=True)
@@ -74,8 +63,8 @@ Event = Piece | Done | Aborted | Failed
 
 
 class Job:
-    def __init__(self, spec: DecodeSpec, loop: asyncio.AbstractEventLoop) -> None:
-        self.spec = spec
+    def __init__(self, request: PreparedRequest, loop: asyncio.AbstractEventLoop) -> None:
+        self.request = request
         self.arrival = time.monotonic()
         self.halt = threading.Event()      # the runtime's cancel event: set, no further step starts (abort, stop string)
         self.aborted: str | None = None
@@ -103,9 +92,9 @@ class Job:
 class Decoder:
     """Owns the pack: jobs are decoded in arrival order, one at a time, in one worker thread."""
 
-    def __init__(self, pack: Any, metrics: ServerMetrics, *, k: int | None, max_queue: int, timeout_s: float) -> None:
+    def __init__(self, pack: Pack, metrics: ServerMetrics, *, max_queue: int, timeout_s: float) -> None:
         self.pack, self.metrics = pack, metrics
-        self.k, self.max_queue, self.timeout_s = k, max_queue, timeout_s
+        self.max_queue, self.timeout_s = max_queue, timeout_s
         self.draining = False
         self.stopping: asyncio.Event | None = None  # set when draining begins: request bodies still arriving get 503
         self._held = 0  # places held by requests being tokenized (place())
@@ -125,9 +114,9 @@ class Decoder:
         self._task = asyncio.get_running_loop().create_task(self._dispatch())
 
     @contextmanager
-    def place(self) -> Iterator[Callable[[DecodeSpec], Job]]:
-        """Hold a place in the queue while the request is tokenized and checked, so that a request is refused (503,
-        429) before its prompt costs memory; yields `enqueue(spec) -> Job`. Held places count as waiting requests."""
+    def place(self) -> Iterator[Callable[[PreparedRequest], Job]]:
+        """Hold a place in the queue while the request is tokenized and prepared, so that a request is refused (503,
+        429) before its prompt costs memory; yields `enqueue(request) -> Job`. Held places count as waiting requests."""
         self._check_room()
         self._held += 1
         try:
@@ -135,10 +124,10 @@ class Decoder:
         finally:
             self._held -= 1
 
-    def submit(self, spec: DecodeSpec) -> Job:
+    def submit(self, request: PreparedRequest) -> Job:
         """Queue a decode, or refuse it at once: 503 while shutting down, 429 when the queue is full."""
         with self.place() as enqueue:
-            return enqueue(spec)
+            return enqueue(request)
 
     def _check_room(self) -> None:
         if self.draining or self._wakeup is None:
@@ -149,11 +138,11 @@ class Decoder:
             raise APIError(429, f"the queue is full ({pending} requests waiting); retry in {retry} s",
                            type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})
 
-    def _enqueue(self, spec: DecodeSpec) -> Job:
+    def _enqueue(self, request: PreparedRequest) -> Job:
         if self.draining or self._wakeup is None:  # shutdown began while the request was being tokenized
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         loop = asyncio.get_running_loop()
-        job = Job(spec, loop)
+        job = Job(request, loop)
         job.timer = loop.call_later(self.timeout_s, self.abort, job, "timeout")
         self._waiting.append(job)
         self.metrics.queue_depth.set(len(self._waiting))
@@ -243,10 +232,9 @@ class Decoder:
             self._mean_s = 0.8 * self._mean_s + 0.2 * (time.monotonic() - started)
 
     def _generate(self, job: Job) -> Done | None:
-        """pack.generate with the job's halt as its cancel event; None when the job was aborted (its consumer
-        already has Aborted)."""
-        spec, args, metrics = job.spec, job.spec.args, self.metrics
-        matcher = StopMatcher(spec.stop)
+        """The pack runs the job's request (its stop strings cut the text) with the job's halt as its cancel event;
+        None when the job was aborted (its consumer already has Aborted)."""
+        prepared, metrics = job.request, self.metrics
         last: float | None = None  # when on_text was last called
 
         def on_text(piece: str) -> None:
@@ -257,23 +245,13 @@ class Decoder:
             else:
                 metrics.itl.observe(now - last)
             last = now
-            if matcher.hit is None:
-                out = matcher.push(piece)
-                if out.text:
-                    job.post(Piece(out.text))
-                if out.stopped:
-                    job.halt.set()  # the loop stops before its next step
+            job.post(Piece(piece))
 
-        s = args.sampling
-        gen = self.pack.generate(spec.ids, args.max_new_tokens, k=self.k, drafter=spec.drafter,
-                                 temperature=s.temperature, top_k=s.top_k,
-                                 top_p=s.top_p, seed=args.seed, on_text=on_text, cancel=job.halt)
-        metrics.prompt_tokens.inc(len(spec.ids))
+        gen = self.pack.run(prepared, on_text=on_text, cancel=job.halt)
+        metrics.prompt_tokens.inc(len(prepared.ids))
         metrics.generated_tokens.inc(len(gen.tokens))
         metrics.observe_stats(gen.stats)
-        if matcher.hit is None and gen.finish_reason == "cancelled":
+        if gen.finish_reason == "cancelled":
             return None
-        if matcher.hit is None and (tail := matcher.flush()):
-            job.post(Piece(tail))
-        finish = "stop" if gen.finish_reason == "eos" or matcher.hit is not None else "length"
-        return Done(finish, len(spec.ids), len(gen.tokens), gen.stats)
+        finish = "stop" if gen.finish_reason in ("eos", "stop") else "length"
+        return Done(finish, len(prepared.ids), len(gen.tokens), gen.stats)

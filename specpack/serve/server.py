@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -31,10 +31,13 @@ from specpack.serve.connection import ConnectionLimits, guarded_protocol
 from specpack.serve.decoder import Decoder
 from specpack.serve.descriptors import AcceptErrorLog, fit_descriptors
 
+if TYPE_CHECKING:
+    from specpack.runtime.pack import Pack
+
 BACKSTOP_S = 10  # after the grace period, how long uvicorn waits for responses to end before cancelling them
 
 
-def load_pack(config: ServeConfig) -> Any:
+def load_pack(config: ServeConfig) -> Pack:
     """specpack.load(PACK, device=..., ngram=..., manifest_sha256=...); --k checked against the pack's k_max and
     --drafter against the pack's drafters (a pack of the target alone has no draft model), before anything listens."""
     import specpack
@@ -113,7 +116,7 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(config: ServeConfig, pack: Any = None) -> None:
+def serve(config: ServeConfig, pack: Pack | None = None) -> None:
     """Serve the pack (loaded from config.pack unless given); blocks until shutdown, then closes the pack."""
     fit_descriptors(config.max_connections)
     pack = load_pack(config) if pack is None else pack

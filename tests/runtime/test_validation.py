@@ -1,4 +1,4 @@
-"""The Python API checks its arguments exactly as the CLI does (one function, specpack/validation.py)."""
+"""The Python API checks its arguments exactly as the CLI does (one request type, specpack/runtime/request.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from click.testing import CliRunner
 import specpack
 from specpack.cli.main import cli
 from specpack.errors import SpecpackError
-from specpack.validation import PackLimits, check_generate_args
-
-LIMITS = PackLimits(k_max=8, vocab_size=330, max_len=256)
+from specpack.runtime.request import GenerateRequest
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +92,7 @@ def test_the_cli_uses_the_same_function() -> None:
     for kwargs, flag in (({"seed": -1}, ["--seed", "-1"]), ({"top_k": 99999999999999999999}, ["--top-k", "99999999999999999999"]),
                          ({"k": 17}, ["--k", "17"])):
         with pytest.raises(SpecpackError) as err:
-            check_generate_args("hi", 4, **kwargs)  # type: ignore[arg-type]
+            GenerateRequest.of("hi", 4, **kwargs)  # type: ignore[arg-type]
         result = CliRunner().invoke(cli, ["generate", "no-such-pack", "--prompt", "hi", "--max-new-tokens", "4",
                                           "--temperature", "0.7", *flag])
         assert result.exit_code == 2 and "Traceback" not in result.output

@@ -1,6 +1,6 @@
 """Test helpers for the server: a real pack that can be slowed down, polling, and reading Prometheus text.
 
-    SlowPack(pack).delay = 0.05               # each on_text call waits first (so a test can act mid-decode)
+    SlowPack(pack).delay = 0.05               # each on_text call of pack.run waits first (a test can act mid-decode)
 """
 
 from __future__ import annotations
@@ -11,17 +11,18 @@ from typing import Any
 
 
 class SlowPack:
-    """A real pack whose generate() pauses `delay` seconds before each on_text call and counts the calls."""
+    """A real pack whose run() (what the server calls) pauses `delay` seconds before each on_text call and counts the
+    calls."""
 
     def __init__(self, pack: Any) -> None:
         self._pack = pack
         self.delay = 0.0
-        self.pieces = 0  # on_text calls of the last generate()
+        self.pieces = 0  # on_text calls of the last run()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pack, name)
 
-    def generate(self, *args: Any, on_text: Callable[[str], None] | None = None, **kwargs: Any) -> Any:
+    def run(self, *args: Any, on_text: Callable[[str], None] | None = None, **kwargs: Any) -> Any:
         self.pieces = 0
 
         def slow(piece: str) -> None:
@@ -30,7 +31,7 @@ class SlowPack:
             assert on_text is not None
             on_text(piece)
 
-        return self._pack.generate(*args, on_text=slow if on_text is not None else None, **kwargs)
+        return self._pack.run(*args, on_text=slow if on_text is not None else None, **kwargs)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> bool:

@@ -44,6 +44,7 @@ import numpy as np
 from specpack import names
 from specpack.contract.engines import check_buildable, select_engine
 from specpack.contract.manifest import EngineEntry, Manifest, ModelEntry
+from specpack.dtypes import GRAPH_DTYPES
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.engine import VerifyRun
@@ -57,7 +58,6 @@ if TYPE_CHECKING:
     from specpack.contract.engines import Platform
     from specpack.runtime.cuda_rt import Cuda
 
-DTYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": np.uint16}  # KV element type -> a host type of its size
 GraphKey = tuple[int, int, int, int]  # (S, k, parity, q address): what a captured CUDA graph is valid for
 
 
@@ -136,7 +136,7 @@ class TrtModel:
         self.scratch = cuda.malloc(self.scratch_bytes)         # (runs are serialized on one stream)
         self.context = self._new_context()                     # uncaptured runs (prefills)
         self._check_io(entry, engine)
-        kv_bytes = entry.kv_heads * m.max_len * entry.head_dim * np.dtype(DTYPES[entry.dtype]).itemsize
+        kv_bytes = entry.kv_heads * m.max_len * entry.head_dim * np.dtype(GRAPH_DTYPES[entry.dtype].storage).itemsize
         self.kv_cache = TrtKVCache(cuda, self.stream, entry.num_layers, kv_bytes, m.max_len)
         self.buf = {name: cuda.malloc(int(np.prod(shape)) * 8) for name, shape in {  # 8 bytes: int64 / up to fp64
             names.INPUT_IDS: (m.max_len,), names.POSITION_IDS: (m.max_len,),
