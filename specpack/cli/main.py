@@ -20,7 +20,9 @@ from specpack.cli.serve_cmd import serve_command
 @debug_option
 @click.version_option(__version__, prog_name="specpack")
 def cli() -> None:
-    """specpack: compiled speculative decoding (fetch, export, generate, bench, inspect, verify, build, deploy)."""
+    """specpack: compiled speculative decoding (fetch, export, generate, serve, bench, inspect, verify, build, deploy).
+
+    Start with `specpack generate PACK --prompt TEXT`; README.md, "After the demo", walks through the rest."""
 
 
 cli.add_command(export_command)
