@@ -57,7 +57,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 # Fetch the real Qwen2.5-Coder pair (GGUF, 1.6 GB) and export the int4 pack (both models int4, k-quant; the fidelity
-# measurement against the unquantized graphs is part of it). Every phase prints its time (README, "Requirements").
+# measurement against the unquantized graphs is part of it). Every phase prints its time (README.md, "Requirements, as measured").
 pack: install-demo
 	test -f $(DEMO_PACK)/manifest.json || $(VENV)/bin/spec-export \
 	  --draft "$$($(VENV)/bin/specpack fetch qwen2.5-coder-0.5b-instruct-q4_k_m)" \

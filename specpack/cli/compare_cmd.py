@@ -6,23 +6,17 @@ the pack, side by side: decode tokens/s, the speedup, time to first token, alpha
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
 from specpack.cli.errors import user_errors
-from specpack.cli.generate_cmd import read_prompt
+from specpack.cli.generate_cmd import _print_piece, read_prompt
 from specpack.cli.loading import load_pack_visibly
 from specpack.cli.options import drafter_option, k_option
 from specpack.limits import parse_k
 from specpack.validation import check_generate_args
-
-
-def _print_piece(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 @click.command("compare")
