@@ -74,3 +74,17 @@ def test_the_python_api_of_the_readme(pack: Path) -> None:
     assert loaded.closed
     with pytest.raises(specpack.SpecpackError, match="is closed"):
         loaded.generate("def add(a, b):", 8)
+
+
+def test_inspect_piped_never_cuts_a_path(pack: Path) -> None:
+    """Piped (not a terminal), rich would fit 80 columns and end long cells in an ellipsis: sources are whole."""
+    from specpack.deploy.manifest import Manifest
+
+    manifest = Manifest.read(pack)
+    result = CliRunner().invoke(cli, ["inspect", str(pack)])
+    assert result.exit_code == 0, result.output
+    sources = [entry.source.source for _, entry in manifest.models()]
+    assert any(len(s) > 40 for s in sources), sources  # long enough that 80 columns would have cut it
+    for source in sources:
+        assert source in result.output, (source, result.output)
+    assert "…" not in result.output
