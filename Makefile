@@ -1,11 +1,18 @@
-# Two set-up commands, each makes its own environment:  `make demo` (the main job)  and  `make test`.
+# Two set-up commands, sharing one environment (.venv): `make demo` (the main job) and `make test`.
+# `make demo` installs only what exporting and benchmarking need (the `demo` extra); `make test` adds the dev tools.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TENSORRT_STUBS := 10.13.0.35.1
 SPECPACK_CACHE ?= $(HOME)/.cache/specpack
-DEMO_PACK ?= $(SPECPACK_CACHE)/packs/qwen2.5-coder-0.5b-1.5b
+# The pack a CPU user should use: int4 weights for both models (bench/README.md, "Quantized packs of the GGUF pair").
+DEMO_PACK ?= $(SPECPACK_CACHE)/packs/qwen2.5-coder-int4
+# The fp32 pack (`--dequantize`) the committed CPU benchmark (`make bench-full`) was measured on.
+FP32_PACK ?= $(SPECPACK_CACHE)/packs/qwen2.5-coder-0.5b-1.5b
 DEMO_PROMPT ?= def quicksort(arr):\n    """Sort a list of numbers in ascending order."""\n
+# The standard prompt sets (Spec-Bench, MT-bench, HumanEval, GSM8K) are not in this repository: docs/prompts.md says
+# where to get them; point PROMPTS_DIR at the folder that holds them.
+PROMPTS_DIR ?= ../shared/data/prompts
 
 # pytest-xdist workers, each on a core of its own (tests/conftest.py); `make test WORKERS=0` runs in one process;
 # PYTEST_ARGS: more pytest options (e.g. "--durations=30", or "-k NAME")
@@ -13,7 +20,7 @@ WORKERS ?= auto
 PYTEST_ARGS ?=
 PYTEST := $(PY) -m pytest -q -n $(WORKERS) --dist loadscope $(PYTEST_ARGS)
 
-.PHONY: install test test-slow test-all lint demo pack bench clean
+.PHONY: install install-demo test test-slow test-all lint demo pack pack-fp32 bench bench-full check-prompts shell clean
 
 install: $(VENV)/.installed
 
@@ -22,6 +29,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e ".[dev]"
 	$(PY) -m pip install -q --no-deps tensorrt-stubs==$(TENSORRT_STUBS)  # type stubs only (docs/tensorrt.md)
+	touch $@
+
+# the demo's own set: the runtime, export (torch, transformers, onnx, gguf), bench and serve; a dev install covers it
+install-demo: $(VENV)/.installed-demo
+
+$(VENV)/.installed-demo: pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	if [ -f $(VENV)/.installed ] && [ $(VENV)/.installed -nt pyproject.toml ]; then :; else \
+	  $(PY) -m pip install -q --upgrade pip && $(PY) -m pip install -q -e ".[demo]"; fi
 	touch $@
 
 # everything but the `slow` set (docs/testing.md says what is in it and why); test-all: everything
@@ -40,21 +56,53 @@ lint: install
 	$(PY) tools/tensorrt_stubs.py
 	$(VENV)/bin/mypy
 
-# Fetch the real Qwen2.5-Coder pair (GGUF, ~1.6 GB), export it (~5 min, ~11 GB peak), generate on the CPU.
-# --dequantize: the fp32 pack the README's and bench/README's first numbers were measured on (a .gguf source
-# otherwise keeps its own quantized blocks: README, "Quantized packs").
-pack: install
+# Fetch the real Qwen2.5-Coder pair (GGUF, 1.6 GB) and export the int4 pack (both models int4, k-quant; the fidelity
+# measurement against the unquantized graphs is part of it). Every phase prints its time (README.md, "Requirements, as measured").
+pack: install-demo
 	test -f $(DEMO_PACK)/manifest.json || $(VENV)/bin/spec-export \
 	  --draft "$$($(VENV)/bin/specpack fetch qwen2.5-coder-0.5b-instruct-q4_k_m)" \
 	  --target "$$($(VENV)/bin/specpack fetch qwen2.5-coder-1.5b-instruct-q4_k_m)" \
-	  -o $(DEMO_PACK) --k 4 --max-len 1024 --dequantize
+	  -o $(DEMO_PACK) --k 4 --max-len 1024 --quantize-draft int4 --quantize-target int4
+	@echo "pack: $(DEMO_PACK)"
 
+# The fp32 pack (`--dequantize`: 9.6 GB) the first CPU numbers in bench/README.md were measured on.
+pack-fp32: install-demo
+	test -f $(FP32_PACK)/manifest.json || $(VENV)/bin/spec-export \
+	  --draft "$$($(VENV)/bin/specpack fetch qwen2.5-coder-0.5b-instruct-q4_k_m)" \
+	  --target "$$($(VENV)/bin/specpack fetch qwen2.5-coder-1.5b-instruct-q4_k_m)" \
+	  -o $(FP32_PACK) --k 4 --max-len 1024 --dequantize
+
+# One load of the pack, the target alone then speculative decoding on the same prompt, side by side.
 demo: pack
-	$(VENV)/bin/specpack generate $(DEMO_PACK) --prompt "$$(printf '$(DEMO_PROMPT)')" --max-new-tokens 96 --k 4
+	$(VENV)/bin/specpack compare $(DEMO_PACK) --prompt "$$(printf '$(DEMO_PROMPT)')" --max-new-tokens 96
+	@echo
+	@echo "The pack is at $(DEMO_PACK). Next (README.md, \"After the demo\"):"
+	@echo "  source $(VENV)/bin/activate      # or run $(VENV)/bin/specpack"
+	@echo "  specpack generate $(DEMO_PACK) --prompt 'def fib(n):'"
+	@echo "  specpack serve $(DEMO_PACK)      # OpenAI-compatible, model name: $(notdir $(DEMO_PACK))"
+	@echo "  make bench                        # the smoke benchmark, a few minutes"
 
-# The committed CPU benchmark (bench/README.md), 45 minutes measured on 2 cores (shared).
+# A smoke benchmark of the demo pack on the prompts shipped in bench/prompts/ (our own; docs/prompts.md).
 bench: pack
-	SPECPACK=$(VENV)/bin/specpack bash bench/run_cpu.sh $(DEMO_PACK)
+	$(VENV)/bin/specpack bench $(DEMO_PACK) --prompts bench/prompts/code.txt --prompts bench/prompts/chat.jsonl \
+	  --limit 2 --k 2,4,auto --max-new-tokens 64
+
+# The committed CPU benchmark (bench/README.md) on the fp32 pack and the standard prompt sets in PROMPTS_DIR,
+# 45 minutes measured on 2 cores (shared).
+bench-full: check-prompts pack-fp32
+	PROMPTS_DIR=$(abspath $(PROMPTS_DIR)) SPECPACK=$(VENV)/bin/specpack bash bench/run_cpu.sh $(FP32_PACK)
+
+# before any export: the prompt sets bench-full reads (by path; never copied into the repository)
+check-prompts:
+	@for f in HumanEval.jsonl.gz mt_bench_question.jsonl gsm8k_test.jsonl; do test -f "$(PROMPTS_DIR)/$$f" || { \
+	  echo "error: no $$f in PROMPTS_DIR=$(PROMPTS_DIR)" >&2; \
+	  echo "  hint: download the prompt sets as docs/prompts.md says, then: make bench-full PROMPTS_DIR=/path/to/them" >&2; \
+	  exit 2; }; done
+
+# A shell with the environment active (`exit` leaves it)
+shell: install-demo
+	@echo "specpack's environment is active (.venv); exit to leave it"
+	@bash --rcfile $(VENV)/bin/activate -i
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .typing

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from specpack.errors import SpecpackError  # light: the one error type every user-facing failure raises
+
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
@@ -18,4 +20,4 @@ def __getattr__(name: str) -> Any:  # lazy: `import specpack` stays cheap, the C
     raise AttributeError(f"module 'specpack' has no attribute {name!r}")
 
 
-__all__ = ["Generation", "Pack", "__version__", "load"]
+__all__ = ["Generation", "Pack", "SpecpackError", "__version__", "load"]

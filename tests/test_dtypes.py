@@ -7,8 +7,8 @@ from typing import get_args
 import numpy as np
 import onnx
 import pytest
-from specpack.deploy.manifest import ModelEntry
 
+from specpack.contract.manifest import ModelEntry
 from specpack.dtypes import DTYPES, GRAPH_DTYPES, graph_dtype, numpy_dtype
 from specpack.errors import SpecpackError
 

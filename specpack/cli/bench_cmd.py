@@ -33,7 +33,9 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 @click.command("bench")
 @click.argument("pack", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(path_type=Path),
-              help="Prompt file (Spec-Bench/MT-bench, HumanEval .jsonl[.gz], GSM8K, or text); repeat for several.")
+              help="Prompt file: JSON Lines (.gz too) of {question_id, category, turns} (Spec-Bench, MT-bench), "
+                   "{task_id, prompt} (HumanEval) or {question, answer} (GSM8K), or text, one prompt a line; repeat for "
+                   "several. Formats, shipped files and the standard sets: docs/prompts.md.")
 @click.option("--k", "ks", default=None,
               help="Drafts per step, one or a sweep: 4, 1,2,4,8 or 2,4,auto (auto: adaptive k, reported in its own row "
                    "with the ks it chose). Default: the pack's k_max and auto.")

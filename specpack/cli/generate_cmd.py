@@ -11,6 +11,7 @@ import click
 
 from specpack.bounded_read import read_bounded
 from specpack.cli.errors import user_errors
+from specpack.cli.loading import load_pack_visibly
 from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
@@ -69,16 +70,15 @@ def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, m
                      top_p: float, seed: int | None, device: str, threads: int | None, as_json: bool,
                      manifest_sha256: str | None) -> None:
     """Generate a completion with speculative decoding."""
-    import specpack
-
     request = GenerateRequest.of(read_prompt(prompt, prompt_file), max_new_tokens, k=parse_k(k_text), drafter=drafter,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
     ngram = ngram_config(ngram_min, ngram_max)  # the request is checked before the pack loads; the pack's limits then
-    loaded = specpack.load(pack, device=device, threads=threads, manifest_sha256=manifest_sha256, ngram=ngram)
+    loaded, load_s = load_pack_visibly(pack, quiet=as_json, device=device, threads=threads,
+                                       manifest_sha256=manifest_sha256, ngram=ngram)
     out = loaded.generate_request(request, on_text=None if as_json else _print_piece)
     if as_json:
         click.echo(json.dumps({"tokens": out.tokens, "text": out.text, "finish_reason": out.finish_reason,
-                               "stats": out.stats}))
+                               "stats": {**out.stats, "load_s": load_s}}))
         return
     click.echo("\n\n" + summary_line(out.stats), err=True)
 

@@ -7,6 +7,7 @@ import click
 from specpack import __version__
 from specpack.cli.bench_cmd import bench_command
 from specpack.cli.build_cmd import build_command
+from specpack.cli.compare_cmd import compare_command
 from specpack.cli.deploy_cmd import deploy_command
 from specpack.cli.errors import debug_option
 from specpack.cli.export_cmd import export_command
@@ -20,11 +21,14 @@ from specpack.cli.serve_cmd import serve_command
 @debug_option
 @click.version_option(__version__, prog_name="specpack")
 def cli() -> None:
-    """specpack: compiled speculative decoding (fetch, export, generate, bench, inspect, verify, build, deploy)."""
+    """specpack: compiled speculative decoding (fetch, export, generate, compare, serve, bench, inspect, verify, build, deploy).
+
+    Start with `specpack generate PACK --prompt TEXT`; README.md, "After the demo", walks through the rest."""
 
 
 cli.add_command(export_command)
 cli.add_command(generate_command)
+cli.add_command(compare_command)
 cli.add_command(inspect_command)
 cli.add_command(verify_command)
 cli.add_command(bench_command)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +50,9 @@ def inspect_command(pack: Path, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console(highlight=False)
+    # piped (not a terminal): no width to fit, so paths and hashes are never cut at 80 columns; in a terminal, long
+    # cells fold onto more lines instead of ending in an ellipsis
+    console = Console(highlight=False, width=None if sys.stdout.isatty() else 10_000)
     t = _plain_text(console.encoding)
     m = manifest
     console.print(t(f"{pack}  schema {m.schema_version}, specpack {m.specpack_version or '?'}"))
@@ -63,6 +66,8 @@ def inspect_command(pack: Path, as_json: bool) -> None:
         quant = entry.quantization.method if entry.quantization is not None else "none"
         models.add_row(*map(t, (role, entry.source.source, entry.model_type, str(entry.num_layers),
                                 f"{entry.kv_heads} x {entry.head_dim}", entry.dtype, quant, entry.graph.path)))
+    for column in models.columns:
+        column.overflow = "fold"
     console.print(models)
     for role, entry in m.models():
         g = entry.graph
@@ -77,6 +82,8 @@ def inspect_command(pack: Path, as_json: bool) -> None:
     files = Table("file", "size", "sha256")
     for f in m.files:
         files.add_row(t(f.path), t(_size(f.size)), t(f.sha256[:16] + "..."))
+    for column in files.columns:
+        column.overflow = "fold"
     console.print(files)
     if m.engines:
         engines = Table("engine", "role", "backend", "gpu", "compute capability", "version", "precision")

@@ -56,4 +56,4 @@ def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, dr
     except ImportError as err:
         raise SpecpackError("`specpack serve` needs the serve extra", expected="starlette, uvicorn, prometheus-client",
                             found=f"{err.name} is not installed", hint="pip install 'specpack[serve]'") from err
-    serve(config)  # loads the pack (pinned: every file hashed as read, every graph opened) before it listens
+    serve(config)  # binds the port, loads the pack (pinned: every file hashed as read), then listens and says where

@@ -71,7 +71,9 @@ def check_buildable(manifest: Manifest) -> None:
             raise SpecpackError(f"the {role} graph is not in a form TensorRT engines are built from",
                                 expected="kv_cache static, attention standard (default ONNX ops only)",
                                 found=f"kv_cache {g.kv_cache}, attention {g.attention}",
-                                hint="re-export the pack with `spec-export ... --kv-cache static --attention standard`")
+                                hint="re-export the pack with `spec-export ... --form tensorrt` (the static cache with "
+                                     "standard attention and heads TensorRT's parser takes; a .gguf source also needs "
+                                     "--dequantize); TensorRT itself is needed only where the engines are built")
 
 
 def profile_shapes(manifest: Manifest, role: str) -> dict[str, tuple[Shape, Shape, Shape]]:

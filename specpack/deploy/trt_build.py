@@ -1,7 +1,8 @@
 """`specpack build PACK --backend tensorrt`: TensorRT engines from a pack's graphs, recorded in its manifest.
 
     build_pack_engines(pack, BuildOptions)
-      1. read the manifest; check every file against it (never build from altered graphs)
+      1. read the manifest; TensorRT and the GPU present (before anything is said of the pack's form); check every
+         file against the manifest (never build from altered graphs)
       2. check_buildable: static KV cache, standard ops (contract/engines.py)
       3. plan_build: per model, strongly typed (Q/DQ or fp16/bf16 graphs: the graph's types rule) or weakly
          typed with the --precision flag (fp32 graphs), refused where the GPU lacks the precision
@@ -119,13 +120,14 @@ def build_pack_engines(pack: Path, options: BuildOptions, *, platform: Platform 
 
     pack = Path(pack)
     manifest = Manifest.read(pack)
+    if platform is None or builder is None:  # this machine: TensorRT and a GPU first, before the pack's form is judged
+        from specpack.runtime.cuda_rt import Cuda
+        from specpack.runtime.trt_env import current_platform, require_tensorrt
+
+        require_tensorrt()  # a user without TensorRT learns that before being told to re-export the pack
+        platform, builder = current_platform(Cuda.load()), build_engine
     verify_pack(pack, manifest)
     check_buildable(manifest)
-    if platform is None or builder is None:
-        from specpack.runtime.cuda_rt import Cuda
-        from specpack.runtime.trt_env import current_platform
-
-        platform, builder = current_platform(Cuda.load()), build_engine
     builds = plan_build(manifest, options, platform)
     folder = pack / engine_dir(platform)
     with staging_dir(folder) as staging:

@@ -28,6 +28,7 @@ from specpack.errors import SpecpackError
 from specpack.export.config import ExportConfig
 from specpack.export.graph_form import GraphForm
 from specpack.export.model_info import ModelInfo, read_model_info, require_weights
+from specpack.export.progress import phase
 from specpack.export.sources import resolve_source, source_record
 from specpack.export.staging import check_destination, publish, run_isolated, staging_dir, stop_on_signals
 from specpack.export.writer import write_pack_manifest
@@ -58,8 +59,12 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
 
         check_prompt_file(config.calib_prompts)  # a bad file fails now, not after the exports
     # a GGUF source converts to an fp32 model directory (the 1.5B peaks near 9 GB): each in its own process
-    target_dir = _run_stage(resolve_source, config.isolate, target_src)
-    draft_dir = target_dir if draft_src is None else _run_stage(resolve_source, config.isolate, draft_src)
+    with phase("preparing the target's source (a .gguf file converts once to a cached model directory)", _log):
+        target_dir = _run_stage(resolve_source, config.isolate, target_src)
+    draft_dir = target_dir
+    if draft_src is not None:
+        with phase("preparing the draft's source", _log):
+            draft_dir = _run_stage(resolve_source, config.isolate, draft_src)
     for model_dir in (draft_dir, target_dir):
         require_weights(model_dir)
     if config.graphs == "builder":
@@ -83,43 +88,47 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
         quantization: dict[str, dict[str, Any]] = {}
         for role, (_, model_dir) in roles.items():
             if config.graphs == "builder":  # the builder quantizes as it builds (--quantize-* int4 / int8)
-                _log(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder"
-                     + ("" if methods[role] == modes.NONE else f", {methods[role]} weights") + " ...")
-                plain[role], record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
-                                                 config.dtype, config.execution_provider, methods[role])
+                with phase(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder"
+                           + ("" if methods[role] == modes.NONE else f", {methods[role]} weights"), _log):
+                    plain[role], record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
+                                                     config.dtype, config.execution_provider, methods[role])
                 if record is not None:
                     quantization[role] = record
                 continue
-            _log(f"exporting the {role} ({model_dir.name}) ...")
-            _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role])
+            with phase(f"exporting the {role} ({model_dir.name})", _log):
+                _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role])
         graphs = dict(plain)
         for role, (src, model_dir) in roles.items():
             method = methods[role]
             if method != modes.NONE and role not in quantization:
-                _log(f"quantizing the {role} ({method}) ...")
                 graphs[role] = work / f"{role}.{method}.onnx"
                 gguf = Path(src).expanduser() if method == modes.GGUF else None
-                if method in modes.CALIBRATED:
-                    quantization[role] = _run_stage(_calibrate, config.isolate, plain[role], graphs[role], method,
-                                                    model_dir, config)
-                else:
-                    quantization[role] = _run_stage(_quantize, config.isolate, plain[role], graphs[role], method, gguf)
+                with phase(f"quantizing the {role} ({method})", _log):
+                    if method in modes.CALIBRATED:
+                        quantization[role] = _run_stage(_calibrate, config.isolate, plain[role], graphs[role], method,
+                                                        model_dir, config)
+                    else:
+                        quantization[role] = _run_stage(_quantize, config.isolate, plain[role], graphs[role], method,
+                                                        gguf)
         from specpack.export.tokenizer_export import write_tokenizer
 
         tokenizer = write_tokenizer(target_dir, staging)
         if quantization and config.fidelity and any(forms[role].kv_cache != "concat" for role in forms):
             _log("fidelity is measured on concat-form graphs only: skipped for this static-form pack")
         elif quantization and config.fidelity and "draft" in roles:  # n-gram packs: no draft to replay with
-            _log("measuring the quantized graphs against the unquantized ones ...")
-            fidelity = _run_stage(_fidelity, config.isolate, graphs, plain, quantization, staging, tokenizer.eos_token_ids,
-                                  config)
+            with phase("measuring the quantized graphs against the unquantized ones (fidelity; --no-fidelity skips it)",
+                       _log):
+                fidelity = _run_stage(_fidelity, config.isolate, graphs, plain, quantization, staging,
+                                      tokenizer.eos_token_ids, config)
             for role, record in quantization.items():
                 record["fidelity"] = {**fidelity.get(role, {}),
                                       **{key: fidelity[key] for key in ("prompts", "prompt_source", "new_tokens")}}
         for role, graph_file in (("draft", DRAFT_STEP_FILE), ("target", VERIFY_FILE))[1 if draft_src is None else 0:]:
             if graphs[role] != plain[role]:
                 _remove_graph(plain[role])  # the unquantized intermediate: only the pack's graphs stay
-            _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size, forms[role].heads)
+            with phase(f"attaching the {role}'s sampling and acceptance head ({graph_file})", _log):
+                _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size,
+                           forms[role].heads)
         shutil.rmtree(work)
         write_pack_manifest(
             staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from specpack.contract.integrity import verify_pack
 from specpack.contract.manifest import Manifest
@@ -31,7 +30,7 @@ from specpack.runtime.loop import decode
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, DrafterError, GenerateRequest, PreparedRequest
 from specpack.runtime.state import DecodeState
-from specpack.runtime.stats import DecodeStats
+from specpack.runtime.stats import DecodeStats, Stats
 from specpack.runtime.stop_strings import TextOut
 from specpack.runtime.tokenizer import CONFIG_FILE, TOKENIZER_FILE, PackTokenizer
 from specpack.sampling import SamplingParams, Uniforms
@@ -45,8 +44,12 @@ PRIOR_DRAFT_COST = {"model": 0.5, "ngram": 0.0}
 class Generation:
     tokens: list[int]                 # new token ids, ending with the eos id when one ended generation
     text: str                         # their text, special tokens skipped
-    stats: dict[str, Any] = field(default_factory=dict)
+    stats: Stats = field(default_factory=Stats)  # a dict whose keys read as attributes too: stats.alpha
     finish_reason: str = "length"     # "eos" | "length" (max_new_tokens reached) | "stop" (a stop string) | "cancelled"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.stats, Stats):  # a plain dict given: the same keys, readable as attributes
+            self.stats = Stats(self.stats)
 
 
 def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | None = None,
@@ -93,7 +96,7 @@ class Pack:
     what it would return alone. Encoding the prompt and decoding the text run outside the lock; `on_text`
     runs inside it, on the calling thread, and must not call `generate` on the same pack (that raises a
     SpecpackError rather than deadlocking). `close` waits for a running generation; after it, `generate` raises a
-    SpecpackError (closing twice is harmless). The backend, the drafter
+    SpecpackError (closing twice is harmless); `with specpack.load(PATH) as pack:` closes it on leaving. The backend, the drafter
     and the tokenizer's stream are not thread-safe themselves: reach the backend only through `exclusive()`.
     """
 
@@ -241,6 +244,12 @@ class Pack:
         if self.closed:
             raise SpecpackError(f"the pack {self.path} is closed", expected="generate before close()",
                                 found="generate after close()", hint="load the pack again: specpack.load(PATH)")
+
+    def __enter__(self) -> Pack:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         """Wait for a running generation, then free the backend's sessions and buffers; later generate calls raise a

@@ -14,6 +14,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+class Stats(dict[str, Any]):
+    """A generation's statistics: a plain dict (JSON-serializable as is) whose keys also read as attributes,
+    `out.stats.alpha` as `out.stats["alpha"]`."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(f"no statistic {name!r}; there are: {', '.join(sorted(self))}") from None
+
+
 @dataclass
 class DecodeStats:
     k: int                         # the most drafts a step may ask for (the k policy's k_max)
@@ -65,13 +76,13 @@ class DecodeStats:
         decoded = self.new_tokens - 1
         return decoded / self.decode_s if decoded > 0 and self.decode_s > 0 else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> Stats:
         per_position = [a / p if p else None for a, p in zip(self.accepted_at, self.proposed_at, strict=True)]
-        return {
+        return Stats({
             "alpha": self.alpha, "tau": self.tau, "steps": self.steps, "proposed": self.proposed,
             "accepted": self.accepted, "per_position": per_position,
             "proposed_at": list(self.proposed_at), "accepted_at": list(self.accepted_at), "tokens_per_s": self.tokens_per_s,
             "k": self.k, "new_tokens": self.new_tokens, "ttft_s": self.ttft_s, "decode_s": self.decode_s,
             "drafter": self.drafter, "k_policy": self.k_policy, "k_histogram": list(self.k_histogram),
             "k_asked_histogram": list(self.k_asked_histogram), "draft_s": self.draft_s, "verify_s": self.verify_s,
-        }
+        })

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
 import math
 import socket
 import threading
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from specpack.runtime.pack import Pack
 
 BACKSTOP_S = 10  # after the grace period, how long uvicorn waits for responses to end before cancelling them
+log = logging.getLogger("specpack.serve")
 
 
 def load_pack(config: ServeConfig) -> Pack:
@@ -57,10 +59,15 @@ class SpecpackServer(uvicorn.Server):
     """uvicorn's server that drains the decoder as soon as a shutdown begins (a signal, or should_exit), and logs
     accept() failures at the descriptor limit one line at a time (descriptors.py)."""
 
-    def __init__(self, config: uvicorn.Config, decoder: Decoder, grace_s: float) -> None:
+    def __init__(self, config: uvicorn.Config, decoder: Decoder, grace_s: float, announce: str | None = None) -> None:
         super().__init__(config)
-        self.decoder, self.grace_s = decoder, grace_s
+        self.decoder, self.grace_s, self.announce = decoder, grace_s, announce
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.announce:  # listening: what a client needs to know, once
+            log.info(self.announce)
 
     async def serve(self, sockets: Any = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -117,19 +124,34 @@ def bind_socket(host: str, port: int) -> socket.socket:
 
 
 def serve(config: ServeConfig, pack: Pack | None = None) -> None:
-    """Serve the pack (loaded from config.pack unless given); blocks until shutdown, then closes the pack."""
+    """Serve the pack (loaded from config.pack unless given); blocks until shutdown, then closes the pack.
+
+    The address is bound first, so a port in use is refused before the pack loads (seconds to minutes)."""
     fit_descriptors(config.max_connections)
-    pack = load_pack(config) if pack is None else pack
     try:
         sock = bind_socket(config.host, config.port)
+    except SpecpackError:
+        if pack is not None:
+            pack.close()
+        raise
+    try:
+        pack = load_pack(config) if pack is None else pack
         try:
             app = build_app(pack, config)
             uv_config = uvicorn_config(app, config, host=config.host, port=config.port, log_level="info")
-            SpecpackServer(uv_config, app.state.decoder, config.shutdown_grace_s).run(sockets=[sock])
+            SpecpackServer(uv_config, app.state.decoder, config.shutdown_grace_s,
+                           announce=listening_line(config, sock.getsockname()[1])).run(sockets=[sock])
         finally:
-            sock.close()
+            pack.close()
     finally:
-        pack.close()
+        sock.close()
+
+
+def listening_line(config: ServeConfig, port: int) -> str:
+    """The line printed once the server listens: its OpenAI base URL and the model name clients send."""
+    host = f"[{config.host}]" if ":" in config.host else config.host
+    return (f"specpack serve: listening on http://{host}:{port}/v1 (OpenAI base_url), model \"{config.served_name}\"; "
+            f"try: curl http://{host}:{port}/v1/models")
 
 
 @contextmanager

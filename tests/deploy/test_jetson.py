@@ -122,6 +122,8 @@ def test_cli_refusals(bundle: Path, trt_pack: Path, tmp_path: Path) -> None:
     (concat / "manifest.json").write_text(json.dumps(data))
     code, text = invoke(str(concat), "-o", str(tmp_path / "b"))
     assert code == 2 and "not in a form TensorRT engines are built from" in text and "Traceback" not in text
+    # the form to export, and that TensorRT is not needed here (the bundle builds on the device)
+    assert "--form tensorrt" in text and "TensorRT itself is needed only where the engines are built" in text
     assert not (tmp_path / "b").exists()
 
 

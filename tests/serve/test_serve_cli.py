@@ -37,7 +37,7 @@ def test_missing_pack_exits_2(tmp_path: Path) -> None:
 
 def test_k_above_the_packs_k_max_exits_2(live: Live) -> None:
     k_max = live.reference.manifest.k_max
-    result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--k", str(k_max + 1)])
+    result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--k", str(k_max + 1), "--port", "0"])
     assert result.exit_code == 2 and "invalid --k" in result.output and f"0..{k_max}" in result.output, result.output
 
 
@@ -91,3 +91,44 @@ def test_k_is_auto_or_a_number_as_for_generate(monkeypatch: pytest.MonkeyPatch, 
 def test_max_body_bytes_is_checked() -> None:
     result = CliRunner().invoke(cli, ["serve", "PACK", "--max-body-bytes", "0"])
     assert result.exit_code == 2 and "invalid --max-body-bytes" in result.output, result.output
+
+
+def test_a_port_in_use_is_refused_before_the_pack_loads(tmp_path: Path) -> None:
+    """The address is bound first: with no pack at all, a busy port is still the error (the pack was never opened)."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["serve", str(tmp_path / "no-pack-here"), "--port", str(port)])
+    assert result.exit_code == 2 and f"cannot listen on 127.0.0.1:{port}" in result.output, result.output
+    assert "no pack at" not in result.output and "Traceback" not in result.output
+
+
+def test_serve_says_its_url_and_model_name_once_listening(live: Live) -> None:
+    """One line with the OpenAI base URL (the real port, here picked by --port 0) and the model name to send."""
+    import json
+    import os
+    import re
+    import select
+    import signal
+    import time
+    import urllib.request
+
+    proc = subprocess.Popen([sys.executable, "-m", "specpack", "serve", str(live.pack_dir), "--port", "0",
+                             "--model-name", "my-model"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen = b""
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 120
+        found = None
+        while found is None and time.monotonic() < deadline and proc.poll() is None:
+            if select.select([proc.stdout], [], [], 1.0)[0]:
+                seen += os.read(proc.stdout.fileno(), 65536)  # unbuffered: select sees every byte not yet read
+                found = re.search(r"listening on (http://127\.0\.0\.1:(\d+)/v1) \(OpenAI base_url\), model \"my-model\"",
+                                  seen.decode(errors="replace"))
+        assert found is not None and found.group(2) != "0", seen.decode(errors="replace")
+        with urllib.request.urlopen(found.group(1) + "/models", timeout=30) as response:
+            assert [m["id"] for m in json.load(response)["data"]] == ["my-model"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
