@@ -41,12 +41,13 @@ DEFAULTS = DistillConfig()
 @click.option("--checkpoint-every", type=int, default=DEFAULTS.checkpoint_every, show_default=True)
 @click.option("--max-minutes", type=float, default=None,
               help="Stop after this long with a checkpoint; run the same command again to resume.")
+@click.option("--stop-at", type=int, default=None, help="Stop after this step with a checkpoint (resume: run again).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @user_errors
 def distill_command(target: str, output: Path, steps: int, data: tuple[str, ...], device: str, seed: int, seq_len: int,
                     batch: int, lr: float, ttt_steps: int, subset_size: int, stdlib_tokens: int, self_prompts: int,
-                    answer_tokens: int, checkpoint_every: int, max_minutes: float | None, threads: int | None,
+                    answer_tokens: int, checkpoint_every: int, max_minutes: float | None, stop_at: int | None, threads: int | None,
                     no_progress: bool) -> None:
     """Train a draft head for TARGET by self-distillation (EAGLE-style; docs/heads.md)."""
     from specpack.distill.trainer import distill
@@ -54,6 +55,6 @@ def distill_command(target: str, output: Path, steps: int, data: tuple[str, ...]
     config = DistillConfig(steps=steps, seed=seed, device=device, data=tuple(data), seq_len=seq_len, batch=batch, lr=lr,
                            ttt_steps=ttt_steps, subset_size=subset_size, stdlib_tokens=stdlib_tokens,
                            self_prompts=self_prompts, answer_tokens=answer_tokens, checkpoint_every=checkpoint_every,
-                           max_minutes=max_minutes, threads=threads, progress=not no_progress)
+                           max_minutes=max_minutes, stop_at=stop_at, threads=threads, progress=not no_progress)
     distill(target, output, config)
     click.echo(str(output))

@@ -1,6 +1,7 @@
 """HEAD/ckpt/latest.pt: everything a run needs to continue exactly where it stopped.
 
     {"step": int, "head": trainable state dict (subset included), "optimizer": AdamW state, "losses": [...],
+     "window": the per-step values since the last loss-curve point,
      "settings": DistillConfig.record() minus steps, "target_sha256": str, "wall_s": float}
 
 Written to a temporary file and renamed (a crash never leaves half a checkpoint). The data order is a function of

@@ -32,6 +32,7 @@ class DistillConfig:
     checkpoint_every: int = 200        # steps between checkpoints (and at the end, and at max_minutes)
     log_every: int = 10                # steps between loss-curve points
     max_minutes: float | None = None   # stop (with a checkpoint) after this long; run again to resume
+    stop_at: int | None = None         # stop (with a checkpoint) after this step; run again to resume
     progress: bool = True              # rich progress bar
     threads: int | None = None         # torch's CPU threads; None: torch's default (1 is fastest on a busy machine)
     extra: dict[str, str] = field(default_factory=dict)  # free-form notes recorded with the head
@@ -53,6 +54,9 @@ class DistillConfig:
                                ("--answer-tokens", self.answer_tokens)):
             if isinstance(number, bool) or not isinstance(number, int) or number < 0:
                 raise SpecpackError(f"invalid {option}", expected="an integer >= 0", found=repr(number))
+        if self.stop_at is not None and (isinstance(self.stop_at, bool) or not isinstance(self.stop_at, int)
+                                         or self.stop_at < 1):
+            raise SpecpackError("invalid --stop-at", expected="an integer >= 1", found=repr(self.stop_at))
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise SpecpackError("invalid --max-minutes", expected="a number > 0", found=repr(self.max_minutes))
 

@@ -72,24 +72,28 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
     start, losses, wall = 0, [], 0.0
+    window: list[list[float]] = []  # the steps since the last loss-curve point (a point is their mean)
     if state is not None:
         head.load_state_dict(state["head"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         start, losses, wall = int(state["step"]), list(state["losses"]), float(state["wall_s"])
+        window[:] = state.get("window", [])
         _log(f"resuming at step {start} of {config.steps}")
 
     def checkpoint(step: int, elapsed: float) -> None:
         save_checkpoint(out, {"step": step, "head": _trainable(head), "optimizer": optimizer.state_dict(),
-                              "losses": losses, "settings": settings, "target_sha256": target_sha, "wall_s": elapsed})
+                              "losses": losses, "window": window, "settings": settings, "target_sha256": target_sha, "wall_s": elapsed})
 
     began = time.monotonic()
     step = start
     windows = _windows(corpus, config.seq_len)
-    window: list[list[float]] = []  # the steps since the last loss-curve point (a point is their mean)
     with _progress(config, start) as bar:
         while step < config.steps:
             if config.max_minutes is not None and time.monotonic() - began > 60 * config.max_minutes:
                 _log(f"--max-minutes reached at step {step}: checkpoint written, run again to resume")
+                break
+            if config.stop_at is not None and step >= config.stop_at:
+                _log(f"stopped at step {step} (--stop-at): checkpoint written, run again to resume")
                 break
             for group in optimizer.param_groups:
                 group["lr"] = _lr(config, step)
@@ -105,7 +109,7 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
                 k = config.ttt_steps
                 losses.append({"step": step, "loss": round(mean[0], 6), "per_step": [round(v, 6) for v in mean[1:1 + k]],
                                "top1": [round(v, 4) for v in mean[1 + k:]]})
-                window = []
+                window.clear()
             bar(step, float(total), top1)
             if step % config.checkpoint_every == 0 and step < config.steps:
                 checkpoint(step, wall + time.monotonic() - began)
