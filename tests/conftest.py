@@ -178,7 +178,8 @@ def tiny_head_corpus(path: Path) -> Path:
     import random
 
     rng = random.Random(0)
-    words = "def class return import for while if else print range list dict self value key name data file".split()
+    words = ["def", "class", "return", "import", "for", "while", "if", "else", "print", "range", "list", "dict",
+             "self", "value", "key", "name", "data", "file"]
     path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(HEAD_TEXT_LINES)),
                     encoding="utf-8")
     return path

@@ -47,8 +47,8 @@ DEFAULTS = DistillConfig()
 @user_errors
 def distill_command(target: str, output: Path, steps: int, data: tuple[str, ...], device: str, seed: int, seq_len: int,
                     batch: int, lr: float, ttt_steps: int, subset_size: int, stdlib_tokens: int, self_prompts: int,
-                    answer_tokens: int, checkpoint_every: int, max_minutes: float | None, stop_at: int | None, threads: int | None,
-                    no_progress: bool) -> None:
+                    answer_tokens: int, checkpoint_every: int, max_minutes: float | None, stop_at: int | None,
+                    threads: int | None, no_progress: bool) -> None:
     """Train a draft head for TARGET by self-distillation (EAGLE-style; docs/heads.md)."""
     from specpack.distill.trainer import distill
 

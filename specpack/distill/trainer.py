@@ -82,7 +82,8 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
 
     def checkpoint(step: int, elapsed: float) -> None:
         save_checkpoint(out, {"step": step, "head": _trainable(head), "optimizer": optimizer.state_dict(),
-                              "losses": losses, "window": window, "settings": settings, "target_sha256": target_sha, "wall_s": elapsed})
+                              "losses": losses, "window": window, "settings": settings, "target_sha256": target_sha,
+                              "wall_s": elapsed})
 
     began = time.monotonic()
     step = start

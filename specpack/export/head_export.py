@@ -92,7 +92,7 @@ def _export(head: Any, record: HeadRecord, dtype: str) -> Any:
                torch.zeros(1, own, dtype=torch.int64), torch.zeros(1, own, c.hidden, dtype=torch_dtype),
                torch.zeros(1, c.kv_heads, past, c.head_dim, dtype=torch_dtype),
                torch.zeros(1, c.kv_heads, past, c.head_dim, dtype=torch_dtype))
-    C, W, L = Dim("catchup_rows"), Dim("own_rows"), Dim("past_sequence_length")  # noqa: N806
+    C, W, L = Dim("catchup_rows"), Dim("own_rows"), Dim("past_sequence_length")
     shapes = ({1: C}, {1: C}, {1: W}, {1: W}, {2: L}, {2: L})
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
     level = registration.level

@@ -115,7 +115,7 @@ def read_head(path: Path) -> HeadRecord:
     return HeadRecord(path, data)
 
 
-def frozen_parts(target: torch.nn.Module, subset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def frozen_parts(target: Any, subset: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's input embedding [V, H] and its lm_head rows for `subset` [V_sub, H], as fp32."""
     import torch
 
@@ -125,7 +125,7 @@ def frozen_parts(target: torch.nn.Module, subset: torch.Tensor) -> tuple[torch.T
         return embed, lm[subset]
 
 
-def build_head(record: HeadRecord, target: torch.nn.Module) -> DraftHead:
+def build_head(record: HeadRecord, target: Any) -> DraftHead:
     """The trained head in fp32 on the CPU, its frozen parts taken from `target` (whose hash the caller checked)."""
     from safetensors.torch import load_file
 

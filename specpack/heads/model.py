@@ -76,6 +76,11 @@ class RMSNorm(nn.Module):
 class DraftHead(nn.Module):
     """The head; `embed` [V, H_t] and `lm_rows` [V_sub, H] are frozen buffers, `subset` int64 [V_sub] the token ids."""
 
+    embed: torch.Tensor     # [V, H]       frozen, from the target
+    lm_rows: torch.Tensor   # [V_sub, H]   frozen, from the target
+    subset: torch.Tensor    # int64 [V_sub] token ids, sorted (stored in the head file)
+    inv_freq: torch.Tensor  # [head_dim / 2] RoPE frequencies
+
     def __init__(self, config: HeadConfig, embed: torch.Tensor, lm_rows: torch.Tensor, subset: torch.Tensor):
         super().__init__()
         c = self.config = config

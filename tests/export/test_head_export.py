@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
 import tiny
+import torch
 from click.testing import CliRunner
 from transformers import AutoModelForCausalLM
 
@@ -82,6 +82,7 @@ def test_head_step_q_is_the_torch_heads_distribution(pack: tuple[Path, Path, Pat
         assert (probs[0, outside] == 0).all() and (q[0, outside] == 0).all() and probs[0, ~outside].min() > 0
         np.testing.assert_allclose(hidden_out, h.numpy(), rtol=0, atol=1e-5)
         np.testing.assert_allclose(present[0], k.numpy(), rtol=0, atol=1e-5)
+        np.testing.assert_allclose(present[1], v.numpy(), rtol=0, atol=1e-5)
         greedy, _ = _head_run(sess, head, *runs[-1], past, _sampling(0.0))
         assert int(greedy[0][0]) == int(q.argmax()) and greedy[1][0, int(q.argmax())] == 1.0
         shaped, _ = _head_run(sess, head, *runs[-1], past, _sampling(0.7, top_k=5))
