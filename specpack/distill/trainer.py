@@ -111,7 +111,7 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
                 losses.append({"step": step, "loss": round(mean[0], 6), "per_step": [round(v, 6) for v in mean[1:1 + k]],
                                "top1": [round(v, 4) for v in mean[1 + k:]]})
                 window.clear()
-            bar(step, float(total), top1)
+            bar(step, float(total.detach()), top1)
             if step % config.checkpoint_every == 0 and step < config.steps:
                 checkpoint(step, wall + time.monotonic() - began)
     elapsed = wall + time.monotonic() - began
