@@ -24,6 +24,20 @@ Verify graph (graphs/verify.onnx): the plain inputs, where input_ids ends with t
     -> next_token                  int64 [1]       correction at the first rejection, or the bonus token
     -> present.*                   (the caller keeps the first L + S - k + n_accepted positions)
 
+Head packs (spec-export --draft-head; docs/heads.md): the verify graph also outputs
+    -> target_features             dtype [1, S, F] the residual stream entering the head's tapped layers, concatenated
+                                   (F = taps x hidden), for every one of the run's S rows
+head_step.onnx (the draft head's step; concat KV cache of one layer), the draft step's sampling inputs, plus
+    input_ids                      int64 [1, C]    x_{t+1} of C rows read from the target's features
+    features                       dtype [1, C, F] target_features of those rows
+    draft_ids                      int64 [1, W]    x_{t+1} of W rows read from the head's own output (W = 0 or 1)
+    hidden_in                      dtype [1, W, H] hidden_out of the run before
+    past_key_values.0.key|value    dtype [1, kv_heads, L, head_dim]   (no attention_mask, no position_ids: row r is
+                                                   at position L + r, causal)
+    -> token, probs                as the draft step (probs: zeros outside the head's vocabulary subset)
+    -> hidden_out                  dtype [1, 1, H] the last row's output, the next run's hidden_in
+    -> present.0.key|value         dtype [1, kv_heads, L + C + W, head_dim]
+
 Static KV cache form (kv_cache "static" in the manifest; export/graph_form.py), the same names, batch 1:
     attention_mask                 int64 [1, M]    ones at [0, L + S), zeros after: the valid length as data
     past_key_values.{i}.key|value  dtype [1, kv_heads, M, head_dim]   M = max_len, allocated once
@@ -59,7 +73,14 @@ NEXT_TOKEN = "next_token"
 PARENTS = "parents"  # tree verify (graphs/tree_head.py): int64 [1, T], each node's parent, -1 the root
 PATH = "path"  # tree verify: int64 [1, T+1], the accepted rows, root first, -1 padded
 
+TARGET_FEATURES = "target_features"
+FEATURES = "features"
+DRAFT_IDS = "draft_ids"
+HIDDEN_IN = "hidden_in"
+HIDDEN_OUT = "hidden_out"
+
 DRAFT_STEP_FILE = "draft_step.onnx"
+HEAD_STEP_FILE = "head_step.onnx"
 VERIFY_FILE = "verify.onnx"
 TOKENIZER_DIR = "tokenizer"  # the pack's tokenizer folder (runtime/tokenizer.py reads TOKENIZER_LOADED_FILES from it)
 TOKENIZER_FILE = "tokenizer.json"

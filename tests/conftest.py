@@ -6,6 +6,8 @@
     tiny_pack(family, draft="small", k=8, max_len=None, **pair options)        -> (pack_dir, draft_dir, target_dir)
     tiny_ngram_pack(family, k=8, **pair options)                               -> (pack_dir, target_dir): no draft model
     tiny_export(family, draft="small" | None, pair options, **ExportConfig)     -> pack_dir of any export configuration
+    tiny_head(family="qwen2", steps=120)                                        -> (head_dir, target_dir): distilled
+    tiny_head_pack(family="qwen2")                                              -> (pack_dir, head_dir, target_dir)
 
 Every build goes through `tiny_store` (tests/tiny_cache.py): built once per version of the code, under a file
 lock, so the test workers (pytest-xdist) share each build and a later run on the same code builds nothing.
@@ -164,5 +166,62 @@ def tiny_ngram_pack(tiny_pairs: PairFactory, tiny_export: Callable[..., Path]) -
 
     def make(family: str, k: int = 8, **pair: int) -> tuple[Path, Path]:
         return tiny_export(family, None, pair, k=k, drafter="ngram"), tiny_pairs(family, **pair)[1]
+
+    return make
+
+
+HEAD_TEXT_LINES = 400  # the tiny heads' training text (tiny_head_corpus)
+
+
+def tiny_head_corpus(path: Path) -> Path:
+    """A fixed text of words the tiny tokenizers know, seeded: what tiny heads are trained on."""
+    import random
+
+    rng = random.Random(0)
+    words = ["def", "class", "return", "import", "for", "while", "if", "else", "print", "range", "list", "dict",
+             "self", "value", "key", "name", "data", "file"]
+    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(HEAD_TEXT_LINES)),
+                    encoding="utf-8")
+    return path
+
+
+TINY_HEAD_SETTINGS = {"seq_len": 32, "batch": 4, "subset_size": 200, "lr": 3e-3, "log_every": 10, "threads": 1,
+                      "progress": False}
+
+
+@pytest.fixture(scope="session")
+def tiny_head(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., tuple[Path, Path]]:
+    """(family="qwen2", steps=120) -> (head_dir, target_dir): a head distilled from the tiny target on
+    tiny_head_corpus, on the CPU (about 5 s)."""
+
+    def make(family: str = "qwen2", steps: int = 120) -> tuple[Path, Path]:
+        from specpack.distill.config import DistillConfig
+        from specpack.distill.trainer import distill
+
+        target = tiny_pairs(family)[1]
+
+        def build(root: Path) -> None:
+            data = tiny_head_corpus(root / "corpus.txt")
+            distill(str(target), root / "head", DistillConfig(steps=steps, data=(str(data),), **TINY_HEAD_SETTINGS))
+
+        return tiny_store.get(("head", family, steps, *sorted(TINY_HEAD_SETTINGS.items())), build) / "head", target
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def tiny_head_pack(tiny_head: Callable[..., tuple[Path, Path]], tiny_store: BuildCache
+                   ) -> Callable[..., tuple[Path, Path, Path]]:
+    """(family="qwen2") -> (pack_dir, head_dir, target_dir): `spec-export --target T --draft-head HEAD` (k 4)."""
+
+    def make(family: str = "qwen2") -> tuple[Path, Path, Path]:
+        from specpack.export.pipeline import ExportConfig, export_pack
+
+        head, target = tiny_head(family)
+
+        def build(root: Path) -> None:
+            export_pack(None, str(target), root / "pack", ExportConfig(isolate=False, k=4, draft_head=str(head)))
+
+        return tiny_store.get(("head_pack", family, str(head)), build) / "pack", head, target
 
     return make

@@ -75,6 +75,9 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
               help="Seed of the draw from --calib-prompts.")
 @click.option("--drafter", type=click.Choice(DRAFTERS), default="model", show_default=True,
               help="model: a pack with the --draft model; ngram: the target alone, drafting by prompt lookup.")
+@click.option("--draft-head", "draft_head", type=click.Path(path_type=Path), default=None,
+              help="A draft head trained for this target by `specpack distill` (no --draft): the pack drafts with it; "
+                   "a head trained for another target is refused.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at the output path.")
 @user_errors
 def export_command(draft: str | None, target: str, output: Path, k: int, max_len: int | None, dtype: str,
@@ -82,8 +85,9 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                    quantize_draft: str | None,
                    quantize_target: str | None, dequantize: bool, no_fidelity: bool,
                    fidelity_prompts: Path | None, fidelity_limit: int, fidelity_tokens: int, calib_prompts: Path | None,
-                   calib_samples: int, calib_seed: int, drafter: str, overwrite: bool) -> None:
-    """Export a draft/target pair (or a target alone, --drafter ngram) to a speculative-decoding pack."""
+                   calib_samples: int, calib_seed: int, drafter: str, draft_head: Path | None, overwrite: bool) -> None:
+    """Export a draft/target pair (or a target alone, --drafter ngram, or a target with its draft head, --draft-head)
+    to a speculative-decoding pack."""
     from specpack.export.pipeline import export_pack
 
     config = ExportConfig(k=k, max_len=max_len, dtype=dtype, kv_cache=kv_cache or "", attention=attention, form=form,
@@ -93,6 +97,7 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                           fidelity_prompts=None if fidelity_prompts is None else str(fidelity_prompts),
                           fidelity_limit=fidelity_limit, fidelity_tokens=fidelity_tokens,
                           calib_prompts=None if calib_prompts is None else str(calib_prompts),
-                          calib_samples=calib_samples, calib_seed=calib_seed)
+                          calib_samples=calib_samples, calib_seed=calib_seed,
+                          draft_head=None if draft_head is None else str(draft_head))
     export_pack(draft, target, output, config)
     click.echo(str(output))

@@ -38,6 +38,9 @@ DIM_LIMIT = 1 << 16
 SIZE_LIMIT = 1 << 50              # bytes in one file
 ERRORS_SHOWN = 5
 TOKENIZER_FILES = tuple(f"{names.TOKENIZER_DIR}/{f}" for f in names.TOKENIZER_LOADED_FILES)  # what the runtime's tokenizer opens
+HEAD_INPUTS = (names.INPUT_IDS, names.FEATURES, names.DRAFT_IDS, names.HIDDEN_IN, names.TEMPERATURE, names.TOP_K,
+               names.TOP_P, names.UNIFORM)  # head_step.onnx, besides its KV cache (names.py, "Head packs")
+HEAD_OUTPUTS = (names.TOKEN, names.PROBS, names.HIDDEN_OUT)
 ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain inputs and the KV cache
     "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
     "target": ({names.DRAFT_PROBS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN}),
@@ -124,8 +127,6 @@ class GraphEntry(_Closed):
 
     @model_validator(mode="after")
     def _check_origin(self) -> GraphEntry:
-        if self.positions == "internal" and self.kv_cache != "static":
-            raise ValueError("positions 'internal' needs kv_cache 'static' (the positions come from the static mask)")
         if (self.exporter == "builder") != (self.execution_provider is not None):
             raise ValueError("execution_provider is recorded exactly for exporter 'builder'")
         return self
@@ -201,6 +202,8 @@ class ModelEntry(_Closed):
     def _check_kv_cache_io(self) -> ModelEntry:
         """The graph's KV inputs and outputs are exactly the ones the runtime binds, shaped as declared."""
         g = self.graph
+        if g.positions == "internal" and g.kv_cache != "static":
+            raise ValueError("positions 'internal' needs kv_cache 'static' (the positions come from the static mask)")
         for specs, prefix in ((g.inputs, "past"), (g.outputs, "present")):
             want = names.kv_names(self.num_layers, prefix)
             have = {s.name: s for s in specs if s.name.startswith(want[0].split(".")[0] + ".")}
@@ -216,7 +219,7 @@ class ModelEntry(_Closed):
         return self
 
 
-def _check_kv_spec(spec: TensorSpec, model: ModelEntry) -> None:
+def _check_kv_spec(spec: TensorSpec, model: ModelEntry | HeadEntry) -> None:
     element = GRAPH_DTYPES[model.dtype].element  # the KV cache's element type
     if spec.dtype != element:
         raise ValueError(f"{spec.name} is {spec.dtype}, while dtype {model.dtype} needs {element}")
@@ -226,6 +229,56 @@ def _check_kv_spec(spec: TensorSpec, model: ModelEntry) -> None:
     if (isinstance(heads, int) and heads != model.kv_heads) or (isinstance(dim, int) and dim != model.head_dim):
         raise ValueError(f"{spec.name} has shape {spec.shape}, while kv_heads is {model.kv_heads} "
                          f"and head_dim {model.head_dim}")
+
+
+class HeadData(_Open):
+    """One part of a head's training data: its name ("stdlib", "self", "text:FILE", "prompts:FILE"), its tokens and
+    the sha256 of its token ids (int32, little-endian)."""
+
+    name: Text
+    tokens: Annotated[int, Field(ge=0, le=1 << 40)]
+    sha256: Sha256
+
+
+class HeadEntry(_Open):
+    """A draft head (spec-export --draft-head; docs/heads.md): head_step.onnx (one decoder layer, concat KV cache,
+    positions computed in the graph) and what it was trained as. The target graph outputs `target_features`
+    [1, S, feature_dim], the inputs of the `taps` layers; `target_weights_sha256` is the hash of the target weights
+    the head was trained on (checked at export). Training details (recipe, losses, settings) are free-form extras."""
+
+    kind: Literal["eagle3"]
+    graph: GraphEntry
+    dtype: Literal["fp32", "fp16", "bf16"]
+    taps: list[Annotated[int, Field(ge=0, le=1024)]] = Field(min_length=1, max_length=16)
+    feature_dim: Dim
+    hidden: Dim
+    kv_heads: Annotated[int, Field(ge=1, le=1024)]
+    head_dim: Annotated[int, Field(ge=1, le=4096)]
+    subset_size: Annotated[int, Field(ge=1, le=VOCAB_LIMIT)]
+    subset_sha256: Sha256
+    weights_sha256: Sha256            # of the head's head.safetensors
+    target_weights_sha256: Sha256     # heads/target_hash.py
+    data: list[HeadData] = Field(max_length=256)
+
+    @model_validator(mode="after")
+    def _check_io(self) -> HeadEntry:
+        """head_step.onnx takes exactly what the runtime binds and gives what it reads, shaped as declared."""
+        inputs = {s.name: s for s in self.graph.inputs}
+        outputs = {s.name: s for s in self.graph.outputs}
+        want_in = set(HEAD_INPUTS) | set(names.kv_names(1, "past"))
+        want_out = set(HEAD_OUTPUTS) | set(names.kv_names(1, "present"))
+        if set(inputs) != want_in or not want_out <= set(outputs):
+            raise ValueError(f"the head graph's I/O is not the contract's: expected inputs {sorted(want_in)} and outputs "
+                             f"{sorted(want_out)}, found inputs {sorted(inputs)[:12]} and outputs {sorted(outputs)[:12]}")
+        for name in (*names.kv_names(1, "past"), *names.kv_names(1, "present")):
+            _check_kv_spec(inputs.get(name) or outputs[name], self)
+        for spec, width in ((inputs[names.FEATURES], self.feature_dim), (inputs[names.HIDDEN_IN], self.hidden),
+                            (outputs[names.HIDDEN_OUT], self.hidden)):
+            if spec.shape and isinstance(spec.shape[-1], int) and spec.shape[-1] != width:
+                raise ValueError(f"the head graph's {spec.name} has shape {spec.shape}, expected last dim {width}")
+        if self.feature_dim % len(self.taps):
+            raise ValueError(f"feature_dim {self.feature_dim} is not a multiple of the {len(self.taps)} taps")
+        return self
 
 
 class EngineEntry(_Closed):
@@ -247,9 +300,10 @@ class Manifest(_Closed):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     specpack_version: Annotated[str, Field(max_length=64, pattern=r"^[\x20-\x7e]*$")] = ""
-    drafter: Literal["model", "ngram"] = "model"
+    drafter: Literal["model", "ngram", "head"] = "model"
     draft_model: ModelEntry | None = Field(default=None, alias="draft")
     target: ModelEntry
+    head: HeadEntry | None = None  # present exactly when drafter is "head" (docs/heads.md)
     vocab_size: Annotated[int, Field(ge=1, le=VOCAB_LIMIT)]  # the logits width both graphs use
     eos_token_ids: list[Annotated[int, Field(ge=0)]] = Field(min_length=1, max_length=256)
     k_max: Annotated[int, Field(ge=1, le=K_MAX)]
@@ -271,9 +325,14 @@ class Manifest(_Closed):
 
     @model_validator(mode="after")
     def _check_consistency(self) -> Manifest:
-        if (self.draft_model is None) != (self.drafter == "ngram"):
+        if (self.draft_model is None) != (self.drafter != "model"):
             raise ValueError(f"drafter {self.drafter!r} needs " + ("a draft model entry" if self.drafter == "model"
                                                                    else "no draft model entry"))
+        if (self.head is None) != (self.drafter != "head"):
+            raise ValueError(f"drafter {self.drafter!r} needs " + ("a head entry" if self.drafter == "head"
+                                                                   else "no head entry"))
+        if self.head is not None:
+            _check_head(self.head, self.target, self.vocab_size)
         for role, model in self.models():
             _check_graph_names(role, model, self.vocab_size)
             if model.vocab_rows < self.vocab_size:
@@ -305,9 +364,13 @@ class Manifest(_Closed):
                  if m.quantization is not None and m.quantization.method != "none"]
         return ", ".join(forms) or None
 
+    def graphs(self) -> list[GraphEntry]:
+        """Every graph of the pack: the models' (draft, target) and the head's."""
+        return [m.graph for _, m in self.models()] + ([self.head.graph] if self.head is not None else [])
+
     def loaded_files(self) -> list[str]:
         """Every file the runtime opens: graphs, their external data, the tokenizer's files and engines."""
-        graphs = [p for _, m in self.models() for p in (m.graph.path, *m.graph.data_files)]
+        graphs = [p for g in self.graphs() for p in (g.path, *g.data_files)]
         return list(dict.fromkeys([*graphs, *TOKENIZER_FILES, *self.tokenizer_files, *(e.path for e in self.engines)]))
 
     def file_entry(self, relpath: str) -> FileEntry:
@@ -346,6 +409,21 @@ def _check_graph_names(role: str, model: ModelEntry, vocab_size: int) -> None:
             raise ValueError(f"{role} graph's {spec.name} has shape {spec.shape}, while vocab_size is {vocab_size}")
 
 
+def _check_head(head: HeadEntry, target: ModelEntry, vocab_size: int) -> None:
+    """The target graph gives the features the head reads; the head's q is as wide as the vocabulary."""
+    features = next((s for s in target.graph.outputs if s.name == names.TARGET_FEATURES), None)
+    if features is None:
+        raise ValueError(f"a head pack's target graph must output {names.TARGET_FEATURES!r} (the features the head reads)")
+    if features.shape and isinstance(features.shape[-1], int) and features.shape[-1] != head.feature_dim:
+        raise ValueError(f"the target's {names.TARGET_FEATURES} has shape {features.shape}, while the head reads "
+                         f"feature_dim {head.feature_dim}")
+    probs = next(s for s in head.graph.outputs if s.name == names.PROBS)
+    if probs.shape and isinstance(probs.shape[-1], int) and probs.shape[-1] != vocab_size:
+        raise ValueError(f"the head graph's probs has shape {probs.shape}, while vocab_size is {vocab_size}")
+    if head.subset_size > vocab_size:
+        raise ValueError(f"the head's subset_size {head.subset_size} is larger than vocab_size {vocab_size}")
+
+
 def _check_files(manifest: Manifest) -> None:
     """Every file the runtime opens is listed (so it is hashed before it is opened); no file is listed twice."""
     listed = [f.path for f in manifest.files]
@@ -356,7 +434,7 @@ def _check_files(manifest: Manifest) -> None:
     unlisted = sorted(set(manifest.loaded_files()) - set(listed))
     if unlisted:
         raise ValueError(f"files the runtime opens are not listed in files (so never checked): {unlisted[:5]}")
-    graphs = {p for _, m in manifest.models() for p in (m.graph.path, *m.graph.data_files)}
+    graphs = {p for g in manifest.graphs() for p in (g.path, *g.data_files)}
     shared = sorted((graphs | set(TOKENIZER_FILES) | set(manifest.tokenizer_files)) & {e.path for e in manifest.engines})
     if shared:  # an engine is executable code of its own: never a graph's or the tokenizer's file
         raise ValueError(f"engines name files that are graphs or tokenizer files: {shared[:5]}")

@@ -43,6 +43,7 @@ class ExportConfig:
     fidelity_limit: int = 8           # prompts taken from it
     fidelity_tokens: int = 48         # greedy continuation of each prompt by the pack's target
     drafter: str = "model"            # "model": a draft model's graph; "ngram": the target alone (prompt lookup drafts)
+    draft_head: str | None = None     # a head directory from `specpack distill`: the pack drafts with it (drafter "head")
     calib_prompts: str | None = None  # a prompt file (specpack/prompts.py formats): the calibration set of int8-sq / fp8
     calib_samples: int = DEFAULT_CALIB_SAMPLES  # prompts drawn from it (seeded)
     calib_seed: int = DEFAULT_CALIB_SEED

@@ -9,7 +9,10 @@
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
       -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (export/writer.py, the schema in contract/)
 
-An n-gram pack (--drafter ngram) has no draft model: the draft's stages are skipped.
+An n-gram pack (--drafter ngram) has no draft model: the draft's stages are skipped. A head pack (--draft-head HEAD)
+has none either: the head is checked against the target (its weights' hash) before anything is exported, the
+target's plain graph also outputs the features the head reads, and head_step.onnx is exported from the head
+(export/head_export.py).
 
 Everything is written into a staging directory beside the output and renamed into place at the end,
 so a failed or interrupted export leaves no half-written pack, and --overwrite replaces only a pack
@@ -32,7 +35,7 @@ from specpack.export.progress import phase
 from specpack.export.sources import resolve_source, source_record
 from specpack.export.staging import check_destination, publish, run_isolated, staging_dir, stop_on_signals
 from specpack.export.writer import write_pack_manifest
-from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
+from specpack.names import DRAFT_STEP_FILE, HEAD_STEP_FILE, VERIFY_FILE
 from specpack.quantize import modes
 
 T = TypeVar("T")
@@ -44,8 +47,13 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
     None and the pack holds the target alone (its drafts come from prompt lookup at run time)."""
     config = config or ExportConfig()
     out = Path(out)
-    _check_draft_source(draft_src, config.drafter)
+    _check_draft_source(draft_src, config)
     config.check_sources(draft_src, target_src)
+    head_dir = None if config.draft_head is None else Path(config.draft_head).expanduser()
+    if head_dir is not None:
+        from specpack.heads.head_file import read_head
+
+        read_head(head_dir)  # a head that is no head fails now, not after the target is resolved
     check_destination(out, config.overwrite)
     if config.graphs == "builder":  # before any source is resolved: a GGUF conversion takes minutes
         from specpack.export.builder_export import builder_version
@@ -67,6 +75,11 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
             draft_dir = _run_stage(resolve_source, config.isolate, draft_src)
     for model_dir in (draft_dir, target_dir):
         require_weights(model_dir)
+    head_record: dict[str, Any] | None = None
+    if head_dir is not None:  # refused here, before any export, when it was trained for another target
+        _log(f"checking the draft head {head_dir} against the target ...")
+        head_record = _run_stage(_check_head, config.isolate, head_dir, target_dir, target_src)
+    taps = tuple(head_record["config"]["taps"]) if head_record is not None else ()
     if config.graphs == "builder":
         from specpack.export.builder_export import check_builder_model
 
@@ -96,7 +109,8 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
                     quantization[role] = record
                 continue
             with phase(f"exporting the {role} ({model_dir.name})", _log):
-                _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role])
+                _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role],
+                           taps if role == "target" else ())
         graphs = dict(plain)
         for role, (src, model_dir) in roles.items():
             method = methods[role]
@@ -129,19 +143,33 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
             with phase(f"attaching the {role}'s sampling and acceptance head ({graph_file})", _log):
                 _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size,
                            forms[role].heads)
+        if head_dir is not None:
+            with phase("exporting the draft head's step graph", _log):
+                _run_stage(_export_head, config.isolate, head_dir, target_dir, staging / HEAD_STEP_FILE, config.dtype,
+                           vocab_size)
         shutil.rmtree(work)
         write_pack_manifest(
             staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
             draft=None if draft_src is None else (source_record(draft_src, draft_dir), draft_info),
             target=(source_record(target_src, target_dir), target_info), forms=forms, quantization=quantization,
-            graph_record=config.plain_graph_record(),
+            graph_record=config.plain_graph_record(), head=head_record,
         )
         publish(staging, out, config.overwrite)
     _log(f"pack written to {out}")
     return out
 
 
-def _check_draft_source(draft_src: str | None, drafter: str) -> None:
+def _check_draft_source(draft_src: str | None, config: ExportConfig) -> None:
+    drafter = config.drafter
+    if config.draft_head is not None:
+        if draft_src is not None or drafter != "model":
+            found = f"--draft {draft_src}" if draft_src is not None else f"--drafter {drafter}"
+            raise SpecpackError("--draft-head makes a pack whose drafter is the head", expected="--draft-head HEAD "
+                                "without --draft or --drafter", found=f"--draft-head with {found}")
+        if config.graphs == "builder":
+            raise SpecpackError("--draft-head needs the torch graphs so far", expected="--graphs torch",
+                                found="--graphs builder", hint="docs/heads.md, 'What remains'")
+        return
     if (draft_src is None) != (drafter == "ngram"):
         raise SpecpackError("--draft and --drafter disagree",
                             expected="--draft D (drafter model), or no --draft with --drafter ngram",
@@ -149,11 +177,26 @@ def _check_draft_source(draft_src: str | None, drafter: str) -> None:
                             + ("without --draft" if draft_src is None else f"with --draft {draft_src}"))
 
 
-def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm) -> None:
-    """Stage 1: the plain forward graph (torch; the model's memory goes with the process)."""
+def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm, taps: tuple[int, ...] = ()) -> None:
+    """Stage 1: the plain forward graph (torch; the model's memory goes with the process); with `taps`, it also
+    outputs the features a draft head reads."""
     from specpack.export.torch_export import export_plain_graph
 
-    export_plain_graph(model_dir, plain, dtype, form)
+    export_plain_graph(model_dir, plain, dtype, form, taps)
+
+
+def _check_head(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, Any]:
+    """The head's record, if it was trained for this target (heads/target_hash.py), else a SpecpackError."""
+    from specpack.export.head_export import check_head_for_target
+
+    return check_head_for_target(head_dir, target_dir, target_src)
+
+
+def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_size: int) -> None:
+    """head_step.onnx from the trained head (export/head_export.py)."""
+    from specpack.export.head_export import export_head_step
+
+    export_head_step(head_dir, target_dir, out, dtype, vocab_size)
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str,

@@ -48,8 +48,11 @@ BATCH, SEQ, PAST, TOTAL, MAX = ("batch_size", "sequence_length", "past_sequence_
                                 "max_sequence_length")
 
 
-def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", form: GraphForm = CONCAT) -> ModelInfo:
-    """Export `model_dir` to `out_onnx` plus one external data file `{out_onnx.name}.data` next to it."""
+def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", form: GraphForm = CONCAT,
+                       taps: tuple[int, ...] = ()) -> ModelInfo:
+    """Export `model_dir` to `out_onnx` plus one external data file `{out_onnx.name}.data` next to it. `taps`: also
+    output `target_features` [B, S, len(taps) * hidden], the inputs of those layers (transformers' hidden_states[i])
+    concatenated: what a draft head reads (names.py, "Head packs")."""
     if dtype not in DTYPES:
         raise SpecpackError(f"unsupported export dtype {dtype!r}", expected=f"one of {', '.join(DTYPES)}",
                             found=repr(dtype), hint="fp32 for CPU; fp16 or bf16 for GPUs")
@@ -67,17 +70,18 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
         state = static_attention.StaticCacheState(form.attention)
         _register_static_attention(static_attention.make_attention(state))
         model = _load_model(model_dir, dtype, static_attention.ATTN_IMPLEMENTATION)
-        program = _export(_static_forward(model, state), _static_example_inputs(info, dtype),
-                          _static_dynamic_shapes(info), info, static_attention.TRANSLATIONS)
+        program = _export(_static_forward(model, state, taps), _static_example_inputs(info, dtype),
+                          _static_dynamic_shapes(info), info, static_attention.TRANSLATIONS, taps)
     else:
         model = _load_model(model_dir, dtype, "eager")
-        program = _export(_plain_forward(model), _example_inputs(info, dtype), _dynamic_shapes(info), info, None)
+        program = _export(_plain_forward(model, taps), _example_inputs(info, dtype), _dynamic_shapes(info), info, None,
+                          taps)
     del model
     _save(program, out_onnx)
     del program
     gc.collect()
 
-    _check_graph(out_onnx, info, dtype, form)
+    _check_graph(out_onnx, info, dtype, form, taps)
     size = (out_onnx.stat().st_size + _data_path(out_onnx).stat().st_size) / 2**20
     _log(f"exported {out_onnx.stem} in {time.perf_counter() - start:.1f} s: {out_onnx} ({size:.0f} MiB)")
     return info
@@ -136,8 +140,9 @@ def _register_static_attention(attention: Any) -> None:
     AttentionInterface.register(ATTN_IMPLEMENTATION, attention)
 
 
-def _plain_forward(model: torch.nn.Module) -> torch.nn.Module:
-    """Wrap `model` as forward(input_ids, position_ids, attention_mask, *past) -> (logits, *present)."""
+def _plain_forward(model: torch.nn.Module, taps: tuple[int, ...] = ()) -> torch.nn.Module:
+    """Wrap `model` as forward(input_ids, position_ids, attention_mask, *past) -> (logits, *present), with
+    target_features after logits when there are `taps`."""
     import inspect
 
     import torch
@@ -158,12 +163,19 @@ def _plain_forward(model: torch.nn.Module) -> torch.nn.Module:
             # models, whose window the attention mask still applies. Rollback stays "keep the first L entries".
             cache = DynamicCache(ddp_cache_data=list(zip(past[0::2], past[1::2], strict=True)))
             out = self.lm(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                          use_cache=True, **{cache_arg: cache})
+                          use_cache=True, output_hidden_states=bool(taps), **{cache_arg: cache})
             layers: list[Any] = list(cache.layers)  # updated in place by the model
             presents = [t for layer in layers for t in (layer.keys, layer.values)]
-            return (out.logits, *presents)  # [B, S, V], [B, kv_heads, L+S, head_dim] ...
+            return (out.logits, *_features(out, taps), *presents)  # [B, S, V], [B, S, F], [B, kv_heads, L+S, D] ...
 
     return PlainForward(model).eval()
+
+
+def _features(out: Any, taps: tuple[int, ...]) -> list[torch.Tensor]:
+    """[target_features [B, S, len(taps) * H]] (hidden_states[i] is the input of layer i), or [] without taps."""
+    import torch
+
+    return [torch.cat([out.hidden_states[i] for i in taps], dim=-1)] if taps else []
 
 
 def _example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
@@ -189,7 +201,7 @@ def _dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
             tuple([{0: batch, 2: past}] * (2 * info.num_layers)))
 
 
-def _static_forward(model: torch.nn.Module, state: Any) -> torch.nn.Module:
+def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = ()) -> torch.nn.Module:
     """Wrap `model` as forward(input_ids, position_ids, attention_mask [1, M], *past [1, H, M, D]) ->
     (logits, *present): the attention registered for `state` writes each layer's new rows into its past."""
     import torch
@@ -203,8 +215,9 @@ def _static_forward(model: torch.nn.Module, state: Any) -> torch.nn.Module:
                     *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
             state.begin(attention_mask, past)
             # no cache object and no mask for transformers: the static attention reads both from `state`
-            out = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False)
-            return (out.logits, *state.ordered_presents())  # [1, S, V], [1, kv_heads, M, head_dim] ...
+            out = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False,
+                          output_hidden_states=bool(taps))
+            return (out.logits, *_features(out, taps), *state.ordered_presents())  # [1, S, V], [1, S, F], [1, H, M, D]
 
     return StaticForward(model).eval()
 
@@ -233,12 +246,12 @@ def _static_dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
 
 
 def _export(forward: torch.nn.Module, example: tuple[Any, ...], dynamic_shapes: tuple[Any, ...], info: ModelInfo,
-            translations: dict[Any, Any] | None) -> Any:
+            translations: dict[Any, Any] | None, taps: tuple[int, ...] = ()) -> Any:
     """torch.onnx.export (dynamo) of a plain forward wrapper; returns the torch.onnx.ONNXProgram."""
     import torch
 
     input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *names.kv_names(info.num_layers, "past")]
-    output_names = [names.LOGITS, *names.kv_names(info.num_layers, "present")]
+    output_names = [names.LOGITS, *([names.TARGET_FEATURES] if taps else []), *names.kv_names(info.num_layers, "present")]
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
     level = registration.level
     registration.setLevel(logging.ERROR)
@@ -268,7 +281,7 @@ def _save(program: Any, out_onnx: Path) -> None:
     ir.save(program.model, out_onnx, external_data=data.name, size_threshold_bytes=1024)
 
 
-def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm) -> None:
+def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm, taps: tuple[int, ...] = ()) -> None:
     """The saved graph's I/O names, types and fixed dims are the contract's; weights live in one data file."""
     import onnx
 
@@ -285,6 +298,7 @@ def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm) -
         **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
     want_out: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
         names.LOGITS: (GRAPH_DTYPES[dtype].onnx, (batch, SEQ, info.vocab_rows)),
+        **({names.TARGET_FEATURES: (GRAPH_DTYPES[dtype].onnx, (batch, SEQ, None))} if taps else {}),
         **dict.fromkeys(names.kv_names(info.num_layers, "present"), kv_out)}
     for kind, values, want in (("input", model.graph.input, want_in), ("output", model.graph.output, want_out)):
         got = {v.name: (v.type.tensor_type.elem_type, tuple(d.dim_param or d.dim_value

@@ -12,6 +12,7 @@ from specpack.contract.manifest import (
     MANIFEST_FILE,
     FileEntry,
     GraphEntry,
+    HeadEntry,
     Manifest,
     ModelEntry,
     SourceRecord,
@@ -20,7 +21,7 @@ from specpack.contract.manifest import (
     schema_error,
 )
 from specpack.hashing import sha256_file
-from specpack.names import DRAFT_STEP_FILE, VERIFY_FILE
+from specpack.names import DRAFT_STEP_FILE, HEAD_STEP_FILE, VERIFY_FILE
 
 if TYPE_CHECKING:
     from specpack.export.config import ExportConfig
@@ -33,15 +34,16 @@ def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int
                         tokenizer: TokenizerRecord, draft: tuple[dict[str, Any], ModelInfo] | None,
                         target: tuple[dict[str, Any], ModelInfo], forms: dict[str, GraphForm] | None = None,
                         quantization: dict[str, dict[str, Any]] | None = None,
-                        graph_record: dict[str, str] | None = None) -> Manifest:
+                        graph_record: dict[str, str] | None = None, head: dict[str, Any] | None = None) -> Manifest:
     """Validated against the schema before it is written: a pack the reader would refuse is never written.
     `draft` None: a pack without a draft model (drafter "ngram"). forms: each role's ("draft", "target") graph
     form, absent: the concat form; quantization: the quantize stage's record of each quantized model;
-    graph_record: how the plain graphs were made (GraphEntry `exporter`, `execution_provider`), absent: torch."""
+    graph_record: how the plain graphs were made (GraphEntry `exporter`, `execution_provider`), absent: torch;
+    head: a draft head's record (heads/head_file.py's head.json) for a pack with head_step.onnx (drafter "head")."""
     try:
         manifest = _manifest(pack_dir, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
                              draft=draft, target=target, forms=forms or {}, quantization=quantization or {},
-                             graph_record=graph_record or {})
+                             graph_record=graph_record or {}, head=head)
     except ValidationError as err:
         raise schema_error(err, "the export produced a manifest that does not match the pack schema") from None
     parse_manifest(manifest.to_json().encode())  # the reader takes exactly what is written
@@ -52,11 +54,12 @@ def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int
 def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int, tokenizer: TokenizerRecord,
               draft: tuple[dict[str, Any], ModelInfo] | None, target: tuple[dict[str, Any], ModelInfo],
               forms: dict[str, GraphForm], quantization: dict[str, dict[str, Any]],
-              graph_record: dict[str, str]) -> Manifest:
+              graph_record: dict[str, str], head: dict[str, Any] | None) -> Manifest:
     files = [FileEntry(path=p.relative_to(pack_dir).as_posix(), sha256=sha256_file(p), size=p.stat().st_size)
              for p in sorted(pack_dir.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(".")]
     return Manifest(
-        drafter="model" if draft is not None else "ngram",
+        drafter="model" if draft is not None else "head" if head is not None else "ngram",
+        head=None if head is None else head_entry(pack_dir, head, config.dtype),
         draft=None if draft is None else _model_entry(pack_dir, DRAFT_STEP_FILE, *draft, config.dtype, forms.get("draft"),
                                                       quantization.get("draft"), graph_record),
         target=_model_entry(pack_dir, VERIFY_FILE, *target, config.dtype, forms.get("target"), quantization.get("target"),
@@ -70,6 +73,21 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len:
         files=files,
         specpack_version=__version__,
     )
+
+
+def head_entry(pack_dir: Path, record: dict[str, Any], dtype: str) -> HeadEntry:
+    """The manifest's head entry from head.json's record: what the runtime needs typed, the training record kept."""
+    config = record["config"]
+    losses = record.get("losses") or []
+    return HeadEntry.model_validate({
+        "kind": record["kind"], "graph": graph_entry(pack_dir, HEAD_STEP_FILE), "dtype": dtype, "taps": config["taps"],
+        "feature_dim": config["target_hidden"] * len(config["taps"]), "hidden": config["hidden"],
+        "kv_heads": config["kv_heads"], "head_dim": config["head_dim"], "subset_size": config["subset_size"],
+        "subset_sha256": record["subset_sha256"], "weights_sha256": record["weights_sha256"],
+        "target_weights_sha256": record["target"]["weights_sha256"],
+        "data": [{"name": d["name"], "tokens": d["tokens"], "sha256": d["sha256"]} for d in record.get("data", [])],
+        "target_source": record["target"].get("source"), "recipe": record.get("recipe", {}),
+        "training": record.get("training", {}), "losses": {"first": losses[0], "last": losses[-1]} if losses else {}})
 
 
 def _model_entry(pack_dir: Path, graph_file: str, source: dict[str, Any], info: ModelInfo, dtype: str,

@@ -9,9 +9,9 @@ import shlex
 from pathlib import Path
 
 from click.testing import CliRunner
-from specpack.bench.prompts import read_prompts
 
 from specpack.cli.main import cli
+from specpack.prompts import read_prompts
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = [ROOT / "bench" / "prompts" / "code.txt", ROOT / "bench" / "prompts" / "chat.jsonl"]

@@ -1,0 +1,217 @@
+"""The training data: sources in, one token stream + loss mask out, each part recorded with its sha256.
+
+    --data FILE          a text file (trained on whole), or a bench prompt file (its first line a JSON record in
+                         specpack/prompts.py's formats: the target answers each prompt, the answers are trained on);
+                         "text:FILE" / "prompts:FILE" force the kind
+    default recipe       (no --data) stdlib: Python's standard library sources of this interpreter, files sorted by
+                         path, up to stdlib_tokens tokens; self: seed_prompts.py's prompts answered by the target
+                         (half greedy, half sampled at temperature 0.7), loss on the answers only
+
+Parts are concatenated, each document followed by an end token; training windows are cut from the stream
+(trainer.py). A part's sha256 is over its token ids as little-endian int32 (what training saw), as the calibration
+record does. The built corpus is saved in HEAD/ckpt/ so a resumed run reads it instead of generating it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from specpack.bounded_read import read_bounded
+from specpack.distill.config import DistillConfig
+from specpack.distill.seed_prompts import seed_prompts, templates_sha256
+from specpack.errors import SpecpackError
+from specpack.limits import PROMPT_SET_BYTES
+
+SAMPLED_TEMPERATURE = 0.7
+GENERATION_BATCH = 32
+CORPUS_FILE, CORPUS_RECORD = "corpus.npz", "corpus.json"
+
+
+@dataclass(frozen=True)
+class Part:
+    """One source's tokens: ids int32 [N]; mask uint8 [N], 1 where predicting that token is trained."""
+
+    name: str
+    ids: np.ndarray
+    mask: np.ndarray
+    info: dict[str, Any]
+
+    def record(self) -> dict[str, Any]:
+        return {"name": self.name, "tokens": int(self.ids.size), "loss_tokens": int(self.mask.sum()),
+                "sha256": ids_sha256(self.ids), **self.info}
+
+
+@dataclass(frozen=True)
+class Corpus:
+    ids: np.ndarray    # int32 [N] every part, in order
+    mask: np.ndarray   # uint8 [N]
+    parts: list[dict[str, Any]]  # Part.record() of each
+
+    def save(self, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(folder / CORPUS_FILE, ids=self.ids, mask=self.mask)
+        (folder / CORPUS_RECORD).write_text(json.dumps(self.parts, indent=1), encoding="utf-8")
+
+    @classmethod
+    def load(cls, folder: Path) -> Corpus | None:
+        if not (folder / CORPUS_FILE).is_file() or not (folder / CORPUS_RECORD).is_file():
+            return None
+        with np.load(folder / CORPUS_FILE) as z:
+            return cls(z["ids"], z["mask"], json.loads((folder / CORPUS_RECORD).read_text(encoding="utf-8")))
+
+
+def ids_sha256(ids: np.ndarray) -> str:
+    return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
+
+
+def recipe(config: DistillConfig) -> dict[str, Any]:
+    """What the head's record says about where its data came from."""
+    sources = list(config.data) or (["stdlib", "self"] if config.default_recipe else [])
+    return {"sources": sources, "stdlib_tokens": config.stdlib_tokens, "self_prompts": config.self_prompts,
+            "answer_tokens": config.answer_tokens, "answers": f"half greedy, half sampled at T {SAMPLED_TEMPERATURE}",
+            "seed_templates_sha256": templates_sha256(), "never": "Spec-Bench, MT-bench, HumanEval, GSM8K, ShareGPT"}
+
+
+def build_corpus(config: DistillConfig, model: Any, tokenizer: Any) -> Corpus:
+    """Every source of the recipe, tokenized (and answered by `model` where it is a prompt source)."""
+    eos = _eos(tokenizer)
+    parts: list[Part] = []
+    for spec in config.data:
+        kind, path = _data_kind(spec)
+        if kind == "text":
+            text = read_bounded(path, PROMPT_SET_BYTES, "data file").decode("utf-8", errors="replace")
+            ids = np.asarray([*tokenizer.encode(text, add_special_tokens=False), eos], dtype=np.int32)
+            parts.append(Part(f"text:{path.name}", ids, np.ones_like(ids, dtype=np.uint8), {"file": str(path)}))
+        else:
+            from specpack.prompts import read_prompts
+
+            prompts = [(p.text, p.chat) for p in read_prompts([path])]
+            parts.append(_answered(f"prompts:{path.name}", prompts, model, tokenizer, config, {"file": str(path)}))
+    if not config.data and config.default_recipe:
+        if config.stdlib_tokens:
+            parts.append(_stdlib(tokenizer, config.stdlib_tokens, eos))
+        if config.self_prompts:
+            prompts = [(text, True) for text in seed_prompts(config.self_prompts, config.seed)]
+            parts.append(_answered("self", prompts, model, tokenizer, config, {"templates_sha256": templates_sha256()}))
+    parts = [p for p in parts if p.ids.size]
+    if not parts or sum(int(p.mask.sum()) for p in parts) < config.seq_len:
+        raise SpecpackError("not enough training data", expected=f"at least --seq-len ({config.seq_len}) trained tokens",
+                            found=f"{sum(int(p.mask.sum()) for p in parts)} tokens from {len(parts)} sources",
+                            hint="add --data files, or lower --seq-len")
+    return Corpus(np.concatenate([p.ids for p in parts]), np.concatenate([p.mask for p in parts]),
+                  [p.record() for p in parts])
+
+
+def _data_kind(spec: str) -> tuple[str, Path]:
+    """("text" | "prompts", path) of one --data value."""
+    kind, _, rest = spec.partition(":")
+    if kind in ("text", "prompts") and rest:
+        path = Path(rest).expanduser()
+    else:
+        kind, path = "", Path(spec).expanduser()
+    if not path.is_file():
+        raise SpecpackError(f"--data file not found: {path}", expected="a text file or a bench prompt file",
+                            found="no such file", hint="text:FILE / prompts:FILE force the kind")
+    if not kind:
+        head = read_bounded(path, PROMPT_SET_BYTES, "data file")[:1 << 16].decode("utf-8", errors="replace")
+        first = next((line for line in head.splitlines() if line.strip()), "")
+        try:
+            kind = "prompts" if isinstance(json.loads(first), dict) else "text"
+        except ValueError:
+            kind = "text"
+    return kind, path
+
+
+def _stdlib(tokenizer: Any, budget: int, eos: int) -> Part:
+    """Python's standard library sources, files sorted by path, until `budget` tokens."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    chunks: list[np.ndarray] = []
+    total, files = 0, 0
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(("site-packages/", "dist-packages/")):
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        ids = np.asarray([*tokenizer.encode(text, add_special_tokens=False), eos], dtype=np.int32)
+        chunks.append(ids[: budget - total])
+        total += chunks[-1].size
+        files += 1
+        if total >= budget:
+            break
+    ids = np.concatenate(chunks) if chunks else np.zeros(0, np.int32)
+    return Part("stdlib", ids, np.ones_like(ids, dtype=np.uint8), {"root": str(root), "files": files})
+
+
+def _answered(name: str, prompts: list[tuple[str, bool]], model: Any, tokenizer: Any, config: DistillConfig,
+              info: dict[str, Any]) -> Part:
+    """The target's answers to `prompts`: prompt tokens (mask 0) + answer tokens (mask 1) + end token, per prompt.
+    Prompt i is answered greedily when i is even, sampled at SAMPLED_TEMPERATURE when odd (seeded)."""
+    import torch
+
+    eos = _eos(tokenizer)
+    encoded = [_encode_prompt(tokenizer, text, chat) for text, chat in prompts]
+    answers: dict[int, list[int]] = {}
+    for sampled in (False, True):
+        chosen = [i for i in range(len(encoded)) if (i % 2 == 1) == sampled]
+        for start in range(0, len(chosen), GENERATION_BATCH):
+            batch = chosen[start:start + GENERATION_BATCH]
+            torch.manual_seed(config.seed * 1_000_003 + batch[0])
+            for i, answer in zip(batch, _generate(model, [encoded[i] for i in batch], config.answer_tokens, sampled,
+                                                  eos), strict=True):
+                answers[i] = answer
+    ids: list[int] = []
+    mask: list[int] = []
+    for i, prompt in enumerate(encoded):
+        answer = answers[i]
+        ids += [*prompt, *answer, eos]
+        mask += [0] * len(prompt) + [1] * (len(answer) + 1)
+    return Part(name, np.asarray(ids, np.int32), np.asarray(mask, np.uint8),
+                {**info, "prompts": len(prompts), "answer_tokens": config.answer_tokens})
+
+
+def _encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
+    if chat and getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=True)["input_ids"]
+        return [int(t) for t in out]
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def _generate(model: Any, prompts: list[list[int]], new_tokens: int, sampled: bool, eos: int) -> list[list[int]]:
+    """Answers (up to the first end token, excluded) to a batch of prompts, left-padded."""
+    import torch
+
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), eos, dtype=torch.int64)
+    attention = torch.zeros((len(prompts), width), dtype=torch.int64)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        attention[row, width - len(p):] = 1
+    options = {"do_sample": True, "temperature": SAMPLED_TEMPERATURE, "top_k": 0, "top_p": 1.0} if sampled \
+        else {"do_sample": False}
+    with torch.no_grad():
+        out = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device), max_new_tokens=new_tokens,
+                             min_new_tokens=1, pad_token_id=eos, eos_token_id=eos, **options)
+    answers = []
+    for row in out[:, width:].tolist():
+        answers.append(row[: row.index(eos)] if eos in row else row)
+    return answers
+
+
+def _eos(tokenizer: Any) -> int:
+    eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else tokenizer.pad_token_id
+    if eos is None:
+        raise SpecpackError("the target's tokenizer has no end token", expected="eos_token_id or pad_token_id",
+                            found="neither", hint="set eos_token in the tokenizer config")
+    return int(eos)

@@ -1,0 +1,131 @@
+"""specpack distill on the tiny targets (CPU, one torch thread): the loss falls, a seed fixes the result, a stopped
+run resumes to the very weights of one that never stopped, and the record says what the head was trained on."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import TINY_HEAD_SETTINGS, tiny_head_corpus
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specpack.cli.main import cli
+from specpack.distill.config import DistillConfig
+from specpack.distill.data import ids_sha256
+from specpack.distill.seed_prompts import TEMPLATES, WORDS
+from specpack.distill.trainer import distill
+from specpack.errors import SpecpackError
+from specpack.heads.target_hash import target_weights_sha256
+
+SHARED_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "prompts"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread() -> None:
+    torch.set_num_threads(1)  # the trainer sets it too; the tests' own torch work follows
+
+
+def _config(tmp: Path, **overrides: object) -> DistillConfig:
+    data = tmp / "corpus.txt"
+    if not data.exists():
+        tiny_head_corpus(data)
+    return DistillConfig(**{**TINY_HEAD_SETTINGS, "data": (str(data),), **overrides})  # type: ignore[arg-type]
+
+
+def test_loss_falls(tiny_head: Callable[..., tuple[Path, Path]]) -> None:
+    """120 steps: the loss-curve's last points (means over 10 steps) are well under its first ones, per TTT step."""
+    head, _ = tiny_head()
+    losses = json.loads((head / "head.json").read_text())["losses"]
+    assert [p["step"] for p in losses] == list(range(10, 121, 10))
+    first, last = np.mean([p["loss"] for p in losses[:2]]), np.mean([p["loss"] for p in losses[-2:]])
+    assert last < 0.8 * first, (first, last)
+    for i in range(5):  # every training-time-test step learns, the head fed its own outputs included
+        assert np.mean([p["per_step"][i] for p in losses[-2:]]) < np.mean([p["per_step"][i] for p in losses[:2]])
+
+
+def test_seeded_and_resumed_runs_give_the_same_head(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    """Same seed: the same weights bit for bit, whether the run stopped at step 12 and resumed or not; another seed
+    gives other weights."""
+    target = str(tiny_pairs("qwen2")[1])
+    straight = distill(target, tmp_path / "straight", _config(tmp_path, steps=24, checkpoint_every=5))
+    stopped = distill(target, tmp_path / "resumed", _config(tmp_path, steps=24, checkpoint_every=5, stop_at=12))
+    assert not (stopped / "head.json").exists() and (stopped / "ckpt" / "latest.pt").is_file()
+    assert torch.load(stopped / "ckpt" / "latest.pt", weights_only=False)["step"] == 12
+    resumed = distill(target, tmp_path / "resumed", _config(tmp_path, steps=24, checkpoint_every=5))
+    other = distill(target, tmp_path / "other", _config(tmp_path, steps=24, seed=1))
+
+    a, b, c = (load_file(str(d / "head.safetensors")) for d in (straight, resumed, other))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not all(torch.equal(a[k], c[k]) for k in a if k != "subset")
+    ra, rb = (json.loads((d / "head.json").read_text()) for d in (straight, resumed))
+    assert ra["losses"] == rb["losses"] and ra["weights_sha256"] == rb["weights_sha256"]
+
+
+def test_resume_refuses_other_settings(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    target = str(tiny_pairs("qwen2")[1])
+    distill(target, tmp_path / "h", _config(tmp_path, steps=4, stop_at=2))
+    with pytest.raises(SpecpackError, match="other settings") as err:
+        distill(target, tmp_path / "h", _config(tmp_path, steps=4, seq_len=16))
+    assert "seq_len" in str(err.value)
+
+
+def test_record(tiny_head: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    """head.json: the target's weight hash, the data's sha256 (of the token ids trained on), recipe, seed, curve."""
+    head, target_dir = tiny_head()
+    record = json.loads((head / "head.json").read_text())
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+    assert record["target"]["weights_sha256"] == target_weights_sha256(target)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    text = tiny_head_corpus(tmp_path / "corpus.txt").read_text(encoding="utf-8")  # the same text, written again
+    ids = np.asarray([*tok.encode(text, add_special_tokens=False), tok.eos_token_id], np.int32)
+    assert record["data"] == [{"name": "text:corpus.txt", "tokens": ids.size, "loss_tokens": ids.size,
+                               "sha256": ids_sha256(ids), "file": record["data"][0]["file"]}]
+    assert record["training"]["seed"] == 0 and record["training"]["steps_done"] == 120
+    assert record["recipe"]["sources"] == record["recipe"]["sources"][:1] and record["config"]["subset_size"] == 200
+    subset = load_file(str(head / "head.safetensors"))["subset"]
+    assert subset.shape == (200,) and torch.equal(subset, subset.sort().values)
+
+
+def test_cli_with_prompt_data(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    """`specpack distill --data PROMPTS --data TEXT`: the target answers the prompts; both parts are recorded."""
+    target = tiny_pairs("qwen2")[1]
+    prompts = tmp_path / "mine.jsonl"
+    prompts.write_text("\n".join(json.dumps({"question_id": i, "category": "mine", "turns": [f"say {w}"]})
+                                 for i, w in enumerate(["def", "class", "list"])), encoding="utf-8")
+    text = tiny_head_corpus(tmp_path / "corpus.txt")
+    result = CliRunner().invoke(cli, ["distill", "--target", str(target), "-o", str(tmp_path / "h"), "--steps", "3",
+                                      "--data", str(prompts), "--data", f"text:{text}", "--seq-len", "16",
+                                      "--answer-tokens", "6", "--threads", "1", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "h" / "head.json").read_text())
+    assert [d["name"] for d in record["data"]] == ["prompts:mine.jsonl", "text:corpus.txt"]
+    answered = record["data"][0]
+    assert answered["prompts"] == 3 and 0 < answered["loss_tokens"] < answered["tokens"]  # loss on the answers only
+
+
+def test_cli_refuses_bad_options(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["distill", "--target", str(tmp_path), "-o", str(tmp_path / "h"), "--steps", "0"])
+    assert result.exit_code == 2 and "invalid --steps" in result.output
+
+
+def test_seed_templates_share_no_8_words_with_the_eval_sets() -> None:
+    """The default recipe's prompt templates are not drawn from any evaluation prompt set (8-word overlap = 0)."""
+    if not SHARED_PROMPTS.is_dir():
+        pytest.skip(f"{SHARED_PROMPTS} is not on this machine")
+    words = re.compile(r"[a-z0-9']+")
+
+    def grams(text: str) -> set[tuple[str, ...]]:
+        w = words.findall(text.lower())
+        return {tuple(w[i:i + 8]) for i in range(len(w) - 7)}
+
+    ours = set().union(*(grams(t.replace("{topic}", "x").replace("{word}", w)) for t in TEMPLATES for w in WORDS))
+    for path in sorted(p for p in SHARED_PROMPTS.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json", ".txt")):
+        text = path.read_bytes()[: 64 << 20].decode("utf-8", errors="replace")
+        assert not ours & grams(text), path
