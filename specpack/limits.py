@@ -21,7 +21,8 @@ __all__ = ["DEFAULT_K", "DEFAULT_MAX_LEN", "DRAFTERS", "K_AUTO", "K_MAX", "K_MIN
 K_MIN, K_MAX = 1, 16       # a pack's k_max (spec-export --k)
 DEFAULT_K = 4              # spec-export's default k_max
 K_AUTO = "auto"            # run-time k chosen per step (runtime/adaptive_k.py)
-DRAFTERS = ("model", "ngram")  # who drafts: the pack's draft model, or prompt lookup (runtime/ngram_drafter.py)
+DRAFTERS = ("model", "ngram", "head")  # who drafts: the pack's draft model, prompt lookup (runtime/ngram_drafter.py),
+                                       # or the pack's draft head (docs/heads.md)
 # a pack's quantization modes, named once: the manifest's Quantization.method; quantize/modes.py says what each means
 QuantizationMode = Literal["none", "int8", "int4", "gguf", "int8-sq", "fp8"]
 DEFAULT_MAX_LEN = 2048     # spec-export's default max length (capped by the models' position limits)

@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.tiny_cache import BuildCache
+from tests.tiny_heads import TINY_HEAD_SETTINGS, tiny_head_corpus
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:  # `import tiny` from any test: pytest puts the rootdir, not tests/, on sys.path
@@ -170,23 +171,6 @@ def tiny_ngram_pack(tiny_pairs: PairFactory, tiny_export: Callable[..., Path]) -
     return make
 
 
-HEAD_TEXT_LINES = 400  # the tiny heads' training text (tiny_head_corpus)
-
-
-def tiny_head_corpus(path: Path) -> Path:
-    """A fixed text of words the tiny tokenizers know, seeded: what tiny heads are trained on."""
-    import random
-
-    rng = random.Random(0)
-    words = ["def", "class", "return", "import", "for", "while", "if", "else", "print", "range", "list", "dict",
-             "self", "value", "key", "name", "data", "file"]
-    path.write_text("\n".join(" ".join(rng.choice(words) for _ in range(12)) for _ in range(HEAD_TEXT_LINES)),
-                    encoding="utf-8")
-    return path
-
-
-TINY_HEAD_SETTINGS = {"seq_len": 32, "batch": 4, "subset_size": 200, "lr": 3e-3, "log_every": 10, "threads": 1,
-                      "progress": False}
 
 
 @pytest.fixture(scope="session")

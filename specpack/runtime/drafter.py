@@ -6,6 +6,7 @@ None for a deterministic proposal (q one-hot on each token: an n-gram or lookup 
 goes through the same verify, so the output keeps the target's distribution whatever it proposes.
 
     ModelDrafter   the pack's draft model (draft_step.onnx), on the backend's draft model
+    HeadDrafter    the pack's draft head (head_step.onnx: docs/heads.md), on the backend's draft model
 """
 
 from __future__ import annotations
@@ -62,3 +63,23 @@ class ModelDrafter:
 
     def commit(self, state: DecodeState) -> None:
         self.model().rollback(state, state.length - 1)  # the next token is not in the draft's cache
+
+
+class HeadDrafter(ModelDrafter):
+    """A draft head (docs/heads.md): it reads the target's features, which the verify writes, so it has no prefill
+    of its own; its first step of each proposal catches up on the rows the target has computed since the last one.
+    Its cache keeps only rows computed from target features (EAGLE's rule): after the verify the drafted rows go."""
+
+    def __init__(self, model: Callable[[], DraftModel]) -> None:
+        super().__init__(model)
+        self._featured: dict[int, int] = {}  # slot -> rows from target features before the drafted ones
+
+    def begin(self, state: DecodeState) -> None:
+        self.model().reset(state)  # nothing to run: the first proposal catches up on the prompt's features
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        self._featured[state.slot] = state.length - 1  # rows t < length - 1 have target features
+        return super().propose(state, k)
+
+    def commit(self, state: DecodeState) -> None:
+        self.model().rollback(state, self._featured.pop(state.slot))

@@ -2,7 +2,8 @@
 
     load(path, device="cpu") -> Pack -> generate(prompt) -> Generation(tokens, text, stats, finish_reason)
 
-Drafters: "model" (the pack's draft model; packs exported with one) and "ngram" (prompt lookup: every pack).
+Drafters: "model" (the pack's draft model; packs exported with one), "head" (the pack's draft head: packs exported
+with --draft-head) and "ngram" (prompt lookup: every pack).
 k: None is "auto" (AdaptiveK, the default), an int N is N drafts every step (FixedK; 0: the target alone).
 
 Thread safety (docs/architecture.md, "Threads"): one lock per Pack around each generation.
@@ -24,7 +25,7 @@ from specpack.limits import DRAFTERS
 from specpack.names import TOKENIZER_DIR
 from specpack.runtime.adaptive_k import AdaptiveK, Costs, PriorCosts
 from specpack.runtime.backend import Backend, BackendOptions, open_backend
-from specpack.runtime.drafter import Drafter, ModelDrafter
+from specpack.runtime.drafter import Drafter, HeadDrafter, ModelDrafter
 from specpack.runtime.k_policy import FixedK, KPolicy
 from specpack.runtime.loop import decode
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
@@ -37,7 +38,7 @@ from specpack.sampling import SamplingParams, Uniforms
 from specpack.validation import PackLimits, brief, check_context, check_load_args, check_prompt
 
 # the draft phase per draft in target steps, where the k schedule must not follow the clock (seeded sampling)
-PRIOR_DRAFT_COST = {"model": 0.5, "ngram": 0.0}
+PRIOR_DRAFT_COST = {"model": 0.5, "ngram": 0.0, "head": 0.15}
 
 
 @dataclass
@@ -107,6 +108,8 @@ class Pack:
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(ngram)}
         if manifest.drafter == "model":
             self.drafters["model"] = ModelDrafter(backend.draft)
+        if manifest.drafter == "head":
+            self.drafters["head"] = HeadDrafter(backend.draft)
         self.default_drafter: str = manifest.drafter
         if drafter is not None:
             self.drafters[self.default_drafter] = drafter
@@ -147,15 +150,19 @@ class Pack:
         return ids
 
     def drafter_named(self, name: str | None) -> tuple[str, Drafter]:
-        """The drafter `name` ("model" | "ngram"; None: the pack's default), refused clearly where the pack lacks it."""
+        """The drafter `name` ("model" | "head" | "ngram"; None: the pack's default), refused clearly where the pack
+        lacks it."""
         if name is None:
             name = self.default_drafter
         if name not in DRAFTERS:
             raise DrafterError(f"unknown drafter {name!r}", expected=" | ".join(DRAFTERS), found=repr(name))
         if name not in self.drafters:
-            raise DrafterError("this pack has no draft model", expected="drafter 'ngram' (prompt lookup) for this pack",
-                                found=f"drafter {name!r}, a pack exported with --drafter {self.default_drafter}",
-                                hint="use --drafter ngram, or export the pack with --draft D")
+            have = " or ".join(repr(d) for d in self.drafters)
+            raise DrafterError(f"this pack has no {'draft head' if name == 'head' else 'draft model'}",
+                               expected=f"drafter {have} for this pack",
+                               found=f"drafter {name!r}, a pack exported with --drafter {self.default_drafter}",
+                               hint="use --drafter ngram, or export the pack with --draft D (a draft model) or "
+                                    "--draft-head HEAD (a head)")
         return name, self.drafters[name]
 
     def policy(self, k: int | None, drafter: str, params: SamplingParams, seed: int | None) -> KPolicy:

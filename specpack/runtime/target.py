@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
+from specpack.errors import SpecpackError
 from specpack.runtime.engine import DraftEngine, ModelEngine, VerifyEngine, VerifyRun
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+
+if TYPE_CHECKING:
+    from specpack.contract.manifest import Manifest
 
 V = TypeVar("V", bound=VerifyEngine)  # a backend's verify engine
 D = TypeVar("D", bound=DraftEngine)   # a backend's draft engine
@@ -109,6 +113,14 @@ class Draft(Generic[D]):
 
     def rollback(self, state: DecodeState, length: int) -> None:
         _rollback(self.engine, state, length)
+
+
+def refuse_head(manifest: Manifest, backend: str) -> None:
+    """A backend that cannot run a pack's draft head yet says so at load (not at the first request)."""
+    if manifest.head is not None:
+        raise SpecpackError(f"the {backend} backend does not run draft heads yet", expected="--device cpu for a pack "
+                            "exported with --draft-head", found=f"--device {backend}, drafter 'head'",
+                            hint="run it with --device cpu (docs/heads.md says what remains)")
 
 
 class EngineBackend(Generic[V, D]):

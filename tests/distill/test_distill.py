@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import TINY_HEAD_SETTINGS, tiny_head_corpus
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -23,6 +22,7 @@ from specpack.distill.seed_prompts import TEMPLATES, WORDS
 from specpack.distill.trainer import distill
 from specpack.errors import SpecpackError
 from specpack.heads.target_hash import target_weights_sha256
+from tests.tiny_heads import TINY_HEAD_SETTINGS, tiny_head_corpus
 
 SHARED_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "prompts"
 

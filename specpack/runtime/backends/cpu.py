@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from specpack import names
-from specpack.contract.manifest import Manifest, ModelEntry
+from specpack.contract.manifest import HeadEntry, Manifest, ModelEntry
 from specpack.contract.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
@@ -111,16 +111,22 @@ class OrtDraft(_OrtModel):
 
 class OrtTarget(_OrtModel):
     """The VerifyEngine of verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next
-    token out."""
+    token out (and, in a head pack, each row's target_features, written at its position: docs/heads.md)."""
 
-    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, positions: bool = True) -> None:
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, positions: bool = True,
+                 features: list[np.ndarray] | None = None) -> None:
+        """features: per slot [1, max_len + k_max + 1, F], the rows a head reads (None: the graph has no features)."""
         super().__init__(graph, caches, constants, positions)
         self._outputs = [{names.N_ACCEPTED: np.zeros(1, np.int64), names.NEXT_TOKEN: np.zeros(1, np.int64)}
                          for _ in caches]  # [1] each, per slot
+        self.features = features
 
     def verify(self, run: VerifyRun) -> VerifyResult:
         state, k = run.state, run.k
         outputs = self._outputs[state.slot]
+        if self.features is not None:  # row r of this run is position cached + r; valid below the cache's length
+            start = self.caches[state.slot].length
+            outputs = {**outputs, names.TARGET_FEATURES: self.features[state.slot][:, start : state.length + k]}
         q = self.constants.zero_q[:, :k] if run.q is None else run.q  # [1, k, V]
         self._run(state, state.length + k,
                   {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
@@ -131,7 +137,66 @@ class OrtTarget(_OrtModel):
         return host_q[:, :k]  # [1, k, V]: the host buffer is what the session reads
 
 
-class OrtBackend(EngineBackend[OrtTarget, OrtDraft]):
+class OrtHead:
+    """The DraftEngine of head_step.onnx (docs/heads.md, "How the runtime binds it"): a draft head over the target's
+    features, its own one-layer concat cache; a step predicts the token at position `end`.
+
+    Head row t reads (feature g_t, token x_{t+1}) and predicts x_{t+2}. A step whose rows all have target features
+    (end <= state.length) runs the catch-up rows t = cached .. end - 2 from the features the verify wrote; a step past
+    them (end > state.length) runs one drafted row t = end - 2 from the head's own last output (hidden_out)."""
+
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], features: list[np.ndarray], k_max: int,
+                 vocab_size: int, hidden: int, dtype: np.dtype) -> None:
+        self.graph, self.caches, self.features = graph, caches, features
+        self._bindings = [graph.new_binding() for _ in caches]
+        self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in caches]  # [1, k_max, V] per slot
+        self._token = [np.zeros(1, np.int64) for _ in caches]                     # [1] per slot
+        self._hidden = [np.zeros((2, 1, 1, hidden), dtype) for _ in caches]       # [in | out, 1, 1, H] per slot
+        self._current = [0] * len(caches)                                          # which half holds hidden_in
+
+    def cache(self, slot: int) -> KVCache:
+        return self.caches[slot]
+
+    def reset(self, state: DecodeState) -> None:
+        self.caches[state.slot].reset()
+
+    def close(self) -> None:
+        self.graph.close()
+
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        slot, ids = state.slot, state.ids
+        cache, hidden, current = self.caches[slot], self._hidden[slot], self._current[slot]
+        start = cache.length
+        if end <= state.length:  # catch-up rows t = start .. end - 2: target features, tokens x_{t+1}
+            c, w = end - 1 - start, 0
+        elif start == end - 2:   # the drafted row t = end - 2: the head's own output, the draft x_{end-1}
+            c, w = 0, 1
+        else:
+            raise RuntimeError(f"head step to {end}: its cache holds {start} rows, the pack's committed length is "
+                               f"{state.length}")
+        if c + w < 1:
+            raise RuntimeError(f"head step to {end}: no row to run ({start} cached)")
+        inputs = {
+            names.INPUT_IDS: ids[None, start + 1 : start + 1 + c],              # [1, C]
+            names.FEATURES: self.features[slot][:, start : start + c],          # [1, C, F]
+            names.DRAFT_IDS: ids[None, end - 1 : end - 1 + w],                  # [1, W]
+            names.HIDDEN_IN: hidden[current][:, :w],                            # [1, W, H]
+            names.UNIFORM: state.uniforms.draft[row : row + 1],                 # [1]
+            **state.sampling_inputs,                                            # [1] each
+            **cache.bind_inputs(c + w),                                         # past [1, H_kv, L, D]
+        }
+        outputs = {names.TOKEN: self._token[slot], names.PROBS: self._q[slot][:, row],  # [1], [1, V]
+                   names.HIDDEN_OUT: hidden[1 - current], **cache.bind_outputs(c + w)}  # [1, 1, H], present
+        self.graph.run(self._bindings[slot], inputs, outputs)
+        cache.advance(c + w)
+        self._current[slot] = 1 - current  # this run's output is the next drafted row's input
+        return int(self._token[slot][0])
+
+    def q(self, state: DecodeState, k: int) -> np.ndarray:
+        return self._q[state.slot][:, :k]  # [1, k, V]
+
+
+class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
     """Both engines on ONNX Runtime with host buffers; the draft's session opens on first use."""
 
     name = "cpu"
@@ -142,18 +207,29 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft]):
         m = manifest
         if self.name == "cpu":
             _check_cpu_dtypes(m)
-        self.constants = Constants.allocate(m.max_len + m.k_max + 1, m.k_max, m.vocab_size)
-        target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, _feeds_positions(m.target))
-        super().__init__(target, self._open_draft if m.draft_model is not None else None, k_max=m.k_max,
+        width = m.max_len + m.k_max + 1
+        self.constants = Constants.allocate(width, m.k_max, m.vocab_size)
+        self.features = None if m.head is None else [  # [1, width, F] per slot: what the verify wrote for the head
+            np.zeros((1, width, m.head.feature_dim), numpy_dtype(m.target.dtype)) for _ in range(options.slots)]
+        target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, _feeds_positions(m.target),
+                           self.features)
+        drafts = m.draft_model is not None or m.head is not None
+        super().__init__(target, self._open_draft if drafts else None, k_max=m.k_max,
                          vocab_size=m.vocab_size, pad_single_steps=options.pad_single_steps,
                          open_draft_now=options.verified_reads)  # pinned: nothing is read after load
 
-    def _open_draft(self) -> OrtDraft:
+    def _open_draft(self) -> OrtDraft | OrtHead:
         m = self.manifest
+        if m.head is not None and self.features is not None:
+            head = m.head
+            caches: list[KVCache] = [ConcatKVCache(1, head.kv_heads, head.head_dim, m.max_len + m.k_max + 1,
+                                                   numpy_dtype(head.dtype)) for _ in range(self.options.slots)]
+            return OrtHead(self._graph(head), caches, self.features, m.k_max, m.vocab_size, head.hidden,
+                           numpy_dtype(head.dtype))
         return OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max, m.vocab_size,
                         _feeds_positions(m.draft))
 
-    def _graph(self, entry: ModelEntry) -> OrtGraph:
+    def _graph(self, entry: ModelEntry | HeadEntry) -> OrtGraph:
         source: Path | GraphBytes = self.path / entry.graph.path
         if self.options.verified_reads:
             source = graph_bytes(self.path, self.manifest, entry.graph)
