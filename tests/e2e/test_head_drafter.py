@@ -10,7 +10,6 @@ half the temperature the token was drawn at) must reject.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -18,17 +17,22 @@ import numpy as np
 import pytest
 
 import specpack
-from specpack.graphs import oracle
 from specpack.runtime.backend import DraftModel
 from specpack.runtime.drafter import HeadDrafter
 from specpack.runtime.pack import Pack
 from specpack.runtime.state import DecodeState
 from specpack.sampling import SamplingParams
-from tests.distribution import Continuation, ExactPartition
-from tests.e2e.test_sampling_distribution import P_FAIL, TargetLogits, draw_samples, pvalue
+from tests.e2e.test_sampling_distribution import (
+    P_FAIL,
+    SAMPLES,
+    PartitionFor,
+    TargetLogits,
+    draw_samples,
+    partitions,
+    pvalue,
+)
 
 PROMPT = "def add(a, b):"
-SAMPLES = 2_000
 CASES = [(SamplingParams(1.0), 3), (SamplingParams(0.7, top_k=20), 2)]
 
 
@@ -45,17 +49,8 @@ def pack(head_dirs: tuple[Path, Path, Path]) -> Iterator[Pack]:
 
 
 @pytest.fixture(scope="module")
-def exact(head_dirs: tuple[Path, Path, Path], pack: Pack) -> Callable[[SamplingParams, int], ExactPartition]:
-    logits = TargetLogits(head_dirs[2], pack.encode(PROMPT))
-
-    @cache
-    def partition(params: SamplingParams, length: int) -> ExactPartition:
-        def next_probs(prefixes: list[Continuation]) -> np.ndarray:
-            return oracle.transform(logits(prefixes), params)  # [N, V]
-
-        return ExactPartition.build(next_probs, length, pack.eos_ids, SAMPLES)
-
-    return partition
+def exact(head_dirs: tuple[Path, Path, Path], pack: Pack) -> PartitionFor:
+    return partitions(TargetLogits(head_dirs[2], pack.encode(PROMPT)), pack.eos_ids)
 
 
 def test_the_head_is_the_packs_drafter(pack: Pack) -> None:
@@ -105,7 +100,7 @@ class TemperedQ:
         self.real.rollback(state, length)
 
 
-def _samples(pack: Pack, exact: Callable[..., ExactPartition], params: SamplingParams, k: int,
+def _samples(pack: Pack, exact: PartitionFor, params: SamplingParams, k: int,
              broken: bool) -> float:
     part = exact(params, k + 2)
     drafter = HeadDrafter(lambda: TemperedQ(pack.backend.draft())) if broken else pack.drafters["head"]
@@ -118,12 +113,12 @@ def _samples(pack: Pack, exact: Callable[..., ExactPartition], params: SamplingP
 
 
 @pytest.mark.parametrize(("params", "k"), CASES, ids=[f"T{p.temperature:g}-topk{p.top_k}-k{k}" for p, k in CASES])
-def test_sampling_with_the_head_has_the_targets_distribution(pack: Pack, exact: Callable[..., ExactPartition],
+def test_sampling_with_the_head_has_the_targets_distribution(pack: Pack, exact: PartitionFor,
                                                               params: SamplingParams, k: int) -> None:
     assert _samples(pack, exact, params, k, broken=False) > P_FAIL
 
 
-def test_a_misreported_head_q_is_rejected(pack: Pack, exact: Callable[..., ExactPartition]) -> None:
+def test_a_misreported_head_q_is_rejected(pack: Pack, exact: PartitionFor) -> None:
     """The first case's test, same size and seed, with the head's q tempered: rejected (measured 2026-11-27 on the
     2-core AMD EPYC: p = 1e-23 at alpha 0.23; the honest run p = 0.23). At T 0.7, top-k 20 the tiny head agrees
     too rarely (alpha 0.06) for this defect to move the output much: that case tests only the honest head."""

@@ -118,6 +118,10 @@ def target_logits(pack_dirs: tuple[Path, Path, Path], prompt_ids: list[int]) -> 
 
 @pytest.fixture(scope="module")
 def exact(target_logits: TargetLogits, pack: Pack) -> PartitionFor:
+    return partitions(target_logits, pack.eos_ids)
+
+
+def partitions(target_logits: TargetLogits, eos_ids: frozenset[int]) -> PartitionFor:
     """Exact partitions for n samples, built once per (params, length, n) and shared by the tests."""
 
     @cache
@@ -125,7 +129,7 @@ def exact(target_logits: TargetLogits, pack: Pack) -> PartitionFor:
         def next_probs(prefixes: list[Continuation]) -> np.ndarray:
             return oracle.transform(target_logits(prefixes), params)  # [N, V]
 
-        return ExactPartition.build(next_probs, length, pack.eos_ids, n)
+        return ExactPartition.build(next_probs, length, eos_ids, n)
 
     return partition
 

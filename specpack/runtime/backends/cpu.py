@@ -137,7 +137,7 @@ class OrtTarget(_OrtModel):
         return host_q[:, :k]  # [1, k, V]: the host buffer is what the session reads
 
 
-class OrtHead:
+class OrtHead(_OrtModel):
     """The DraftEngine of head_step.onnx (docs/heads.md, "How the runtime binds it"): a draft head over the target's
     features, its own one-layer concat cache; a step predicts the token at position `end`.
 
@@ -145,23 +145,14 @@ class OrtHead:
     (end <= state.length) runs the catch-up rows t = cached .. end - 2 from the features the verify wrote; a step past
     them (end > state.length) runs one drafted row t = end - 2 from the head's own last output (hidden_out)."""
 
-    def __init__(self, graph: OrtGraph, caches: list[KVCache], features: list[np.ndarray], k_max: int,
-                 vocab_size: int, hidden: int, dtype: np.dtype) -> None:
-        self.graph, self.caches, self.features = graph, caches, features
-        self._bindings = [graph.new_binding() for _ in caches]
+    def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, features: list[np.ndarray],
+                 k_max: int, vocab_size: int, hidden: int, dtype: np.dtype) -> None:
+        super().__init__(graph, caches, constants, positions=False)  # the head computes its positions itself
+        self.features = features
         self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in caches]  # [1, k_max, V] per slot
         self._token = [np.zeros(1, np.int64) for _ in caches]                     # [1] per slot
         self._hidden = [np.zeros((2, 1, 1, hidden), dtype) for _ in caches]       # [in | out, 1, 1, H] per slot
         self._current = [0] * len(caches)                                          # which half holds hidden_in
-
-    def cache(self, slot: int) -> KVCache:
-        return self.caches[slot]
-
-    def reset(self, state: DecodeState) -> None:
-        self.caches[state.slot].reset()
-
-    def close(self) -> None:
-        self.graph.close()
 
     def step(self, state: DecodeState, end: int, row: int) -> int:
         slot, ids = state.slot, state.ids
@@ -224,7 +215,7 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
             head = m.head
             caches: list[KVCache] = [ConcatKVCache(1, head.kv_heads, head.head_dim, m.max_len + m.k_max + 1,
                                                    numpy_dtype(head.dtype)) for _ in range(self.options.slots)]
-            return OrtHead(self._graph(head), caches, self.features, m.k_max, m.vocab_size, head.hidden,
+            return OrtHead(self._graph(head), caches, self.constants, self.features, m.k_max, m.vocab_size, head.hidden,
                            numpy_dtype(head.dtype))
         return OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max, m.vocab_size,
                         _feeds_positions(m.draft))
