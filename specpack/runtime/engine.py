@@ -6,8 +6,9 @@ nothing. The rules that hold on every backend (the pad row of a greedy single st
 proposal, rollback after a verify, the draft opened once on first use) are written once above it, in
 runtime/target.py.
 
-    VerifyRun       one verify: a request's uncached committed tokens and k drafts, with q
-    VerifyEngine    the target's verify graph: run a VerifyRun, upload a host q
+    VerifyRun       one verify: a request's uncached committed tokens and k drafts (a chain or a tree), with q
+    TreeResult      what a tree verify decides: the accepted path's nodes and the next token
+    VerifyEngine    the target's verify graph: run a VerifyRun (verify, or verify_tree for a tree), upload a host q
     DraftEngine     the draft's step graph: one drawn token per run, its q row kept on the device
 
 A VerifyRun is the unit the engine call takes, so that what a verify covers can grow (a token tree's parent
@@ -19,6 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import numpy as np
+
+from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
     from specpack.runtime.kv_cache import KVCache
@@ -33,7 +36,19 @@ class VerifyRun(NamedTuple):
     state: DecodeState
     k: int                  # drafts verified (0: a plain target step; the prefill too)
     q: Any | None           # [1, k, V] fp32 on the engine's device; None: greedy, q is not read (the engine
-                            # binds a buffer of its own of that shape)
+                            # binds a buffer of its own of that shape), or a tree of deterministic candidates
+    parents: np.ndarray | None = None  # int64 [k]: the drafts are a tree's nodes (docs/trees.md); None: a chain
+
+
+class TreeResult(NamedTuple):
+    path: np.ndarray        # int64 [n]: the accepted nodes, root's child first (increasing: parents come first)
+    next_token: int         # the correction after the last accepted node, or the bonus after a leaf
+
+
+def tree_refusal(engine: str) -> SpecpackError:
+    """What an engine without a tree verify says when asked for one."""
+    return SpecpackError(f"{engine} cannot verify a token tree", expected="a chain of drafts (drafter without trees)",
+                         found="a tree proposal", hint="docs/trees.md says which backends and packs verify trees")
 
 
 class ModelEngine(Protocol):
@@ -54,6 +69,11 @@ class VerifyEngine(ModelEngine, Protocol):
     def verify(self, run: VerifyRun) -> VerifyResult:
         """Run the verify graph over the run's rows; the graph's n_accepted and next_token as it wrote them.
         The cache advances over every row run (the caller rolls the rejected drafts back)."""
+        ...
+
+    def verify_tree(self, run: VerifyRun) -> TreeResult:
+        """A verify of a tree (run.parents set): every node attends to the committed prefix and its ancestors; node
+        i's cache row is written at position state.length + i. The cache advances over every row run."""
         ...
 
     def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> Any:

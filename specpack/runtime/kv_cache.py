@@ -52,6 +52,11 @@ class KVCache(Protocol):
 
     def reset(self) -> None: ...
 
+    def keep_rows(self, start: int, rows: np.ndarray) -> None:
+        """After a tree verify: rows start + rows[i] move to start + i (rows increasing, rows[i] >= i); the caller
+        then rolls back to start + len(rows)."""
+        ...
+
 
 class LengthCache:
     """The length bookkeeping every cache shares; alone, the KVCache of a model that caches nothing (the reference
@@ -77,6 +82,9 @@ class LengthCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def keep_rows(self, start: int, rows: np.ndarray) -> None:
+        """Nothing is held: nothing moves."""
 
 
 class ConcatKVCache:
@@ -121,6 +129,12 @@ class ConcatKVCache:
 
     def reset(self) -> None:
         self.length = 0
+
+    def keep_rows(self, start: int, rows: np.ndarray) -> None:
+        """Rows start + rows[i] -> start + i in every tensor [1, H, L, D] (a gather: the source rows are read first)."""
+        for t in range(self._buffers.shape[1]):
+            view = self._view(self._current, t, self.length)  # [1, H, L, D]
+            view[:, :, start : start + len(rows)] = view[:, :, start + rows]
 
     def _view(self, half: int, tensor: int, length: int) -> np.ndarray:
         flat = self._buffers[half, tensor, : self.kv_heads * length * self.head_dim]

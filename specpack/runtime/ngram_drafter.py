@@ -5,7 +5,9 @@ The drafts continue the latest earlier occurrence of the last n tokens of the co
 token committed since), n tried from n_max down to n_min, up to k tokens and at most up to the present (the
 copied tokens are all committed ones). Code edits, summaries and retrieval-augmented answers repeat their
 input, which is where this pays; elsewhere it proposes little or nothing, and a step with no proposal is a
-plain target step. The proposal is deterministic (q None): the verify treats it as q one-hot on each token,
+plain target step. With `width` > 1 the continuations of several earlier occurrences are merged into a token tree
+(ngram_trie.py), verified in one target pass where the backend verifies trees (docs/trees.md). The proposal is
+deterministic (q None): the verify treats it as q one-hot on each token,
 so the acceptance test stays exact under sampling.
 
 Per cache slot an NgramIndex (ngram_index.py) takes the committed tokens as they arrive: O(n_max) per token,
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from specpack.errors import SpecpackError
 from specpack.runtime.ngram_index import NgramIndex
+from specpack.runtime.ngram_trie import continuation_trie
 from specpack.runtime.state import DecodeState, Proposal
 
 N_LIMIT = 32  # the longest n-gram an index is built for
@@ -32,9 +37,10 @@ N_LIMIT = 32  # the longest n-gram an index is built for
 class NgramConfig:
     n_min: int = 2   # the shortest suffix looked up (1: any repeated token is a match)
     n_max: int = 4   # the longest suffix looked up, tried first
+    width: int = 1   # earlier occurrences merged into a token tree (ngram_trie.py); 1: the latest one, a chain
 
     def __post_init__(self) -> None:
-        for what, n in (("n_min", self.n_min), ("n_max", self.n_max)):
+        for what, n in (("n_min", self.n_min), ("n_max", self.n_max), ("width", self.width)):
             if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= N_LIMIT:
                 raise SpecpackError(f"invalid n-gram {what}", expected=f"an integer in 1..{N_LIMIT}", found=repr(n))
         if self.n_min > self.n_max:
@@ -59,6 +65,10 @@ class NgramDrafter:
     def propose(self, state: DecodeState, k: int) -> Proposal:
         index, ids, start = self._indexes[state.slot], state.ids, state.length
         index.extend(ids, start)  # tokens committed since (steps with k = 0 call no commit)
+        if self.config.width > 1:  # a trie of several occurrences' continuations, k nodes at most
+            tokens, parents = continuation_trie(ids, index.matches(self.config.width), start, k, state.eos_ids)
+            ids[start : start + len(tokens)] = tokens
+            return Proposal(tokens=ids[start : start + len(tokens)], q=None, parents=np.asarray(parents, np.int64))
         end, _ = index.match()
         n = 0
         if end >= 0:

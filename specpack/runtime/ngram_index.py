@@ -3,6 +3,7 @@
     index = NgramIndex(n_min=1, n_max=4)
     index.push(token)            # O(n_max) per token: as tokens are committed, never a rescan
     end, n = index.match()       # the latest earlier occurrence of the longest suffix n-gram that has one
+    ends = index.matches(4)      # up to 4 earlier occurrences: the longest n first, each n's latest first
 
 The sequence is tokens[0:length]. For each n in n_min..n_max, a dict maps an n-gram to the end e of its
 latest occurrence (the n-gram is tokens[e-n:e], its continuation starts at tokens[e]), over every end
@@ -28,11 +29,13 @@ class NgramIndex:
             raise ValueError(f"need 1 <= n_min <= n_max, got {n_min}..{n_max}")
         self.n_min, self.n_max = n_min, n_max
         self.tables: list[dict[int, int]] = [{} for _ in range(n_min, n_max + 1)]  # [n - n_min]: key -> latest end
+        self.earlier: list[dict[int, int]] = [{} for _ in range(n_min, n_max + 1)]  # [n - n_min]: end -> the end of
+                                                                                   # the same n-gram's occurrence before
         self.suffix = [0] * n_max   # [n - 1]: key of tokens[length-n:length] (valid for n <= length)
         self.length = 0
 
     def reset(self) -> None:
-        for table in self.tables:
+        for table in (*self.tables, *self.earlier):
             table.clear()
         self.length = 0
 
@@ -40,7 +43,11 @@ class NgramIndex:
         """Append one token: the current suffix n-grams become earlier occurrences, then the suffix moves on."""
         end, suffix = self.length, self.suffix
         for n in range(self.n_min, min(self.n_max, end) + 1):
-            self.tables[n - self.n_min][suffix[n - 1]] = end
+            table, key = self.tables[n - self.n_min], suffix[n - 1]
+            before = table.get(key)
+            if before is not None:
+                self.earlier[n - self.n_min][end] = before
+            table[key] = end
         for n in range(min(self.n_max, end + 1), 1, -1):  # longest first: suffix[n - 2] is still the old one
             suffix[n - 1] = suffix[n - 2] << TOKEN_BITS | token
         suffix[0] = token
@@ -59,3 +66,17 @@ class NgramIndex:
             if end is not None:
                 return end, n
         return -1, 0
+
+    def matches(self, limit: int) -> list[int]:
+        """Up to `limit` distinct ends of earlier occurrences of the suffix n-grams: n from n_max down to n_min, each
+        n's occurrences from the latest back (a longer match is the better evidence; the later, the likelier)."""
+        ends: list[int] = []
+        for n in range(min(self.n_max, self.length), self.n_min - 1, -1):
+            end = self.tables[n - self.n_min].get(self.suffix[n - 1])
+            while end is not None and len(ends) < limit:
+                if end not in ends:
+                    ends.append(end)
+                end = self.earlier[n - self.n_min].get(end)
+            if len(ends) >= limit:
+                break
+        return ends

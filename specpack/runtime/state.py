@@ -78,6 +78,9 @@ class DecodeState:
 class Proposal(NamedTuple):
     """k draft tokens for one verify; `tokens` is a view of state.ids[length : length + k] (no copy).
 
+    A token tree (docs/trees.md) comes with `parents` [k]: node i's parent node (topological, parent < i), -1 for the
+    root (the last committed token); None is a chain (node i's parent is i - 1).
+
     q is backend-resident (the backend that drew the drafts owns it; e.g. a numpy view [1, k, V] on the
     CPU, a device buffer on a GPU) and only that backend's target reads it. q None means a deterministic
     proposal: each draft's distribution is one-hot on its token (an n-gram drafter's), which the exact
@@ -86,6 +89,7 @@ class Proposal(NamedTuple):
 
     tokens: np.ndarray              # int64 [k]
     q: Any | None                   # [1, k, V] fp32 on the backend, or None: one-hot on `tokens`
+    parents: np.ndarray | None = None  # int64 [k]: a tree's parent indices (None: a chain)
 
     @property
     def k(self) -> int:

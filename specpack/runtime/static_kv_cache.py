@@ -54,6 +54,10 @@ class StaticLengthCache(LengthCache):
     def _mask_changed(self, low: int, high: int) -> None:
         """The host mask's entries [low, high) were edited (a host cache binds it directly: nothing to do)."""
 
+    def keep_rows(self, start: int, rows: np.ndarray) -> None:
+        """Where the buffers are not host arrays, the rows move by a graph (kv_compact, docs/trees.md): not yet."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move cache rows after a tree verify yet")
+
     def bind_outputs(self, n_new: int) -> dict[str, Any]:
         """The present buffers: the past buffers themselves (the graph writes rows [length, length + n_new))."""
         return self._outputs
@@ -76,3 +80,7 @@ class StaticKVCache(StaticLengthCache):
         past, present = names.kv_names(num_layers, "past"), names.kv_names(num_layers, "present")
         super().__init__(max_len, {names.ATTENTION_MASK: mask, **dict(zip(past, views, strict=True))},
                          dict(zip(present, views, strict=True)), mask)
+
+    def keep_rows(self, start: int, rows: np.ndarray) -> None:
+        """Rows start + rows[i] -> start + i in every tensor (a gather: the source rows are read first)."""
+        self._buffers[:, :, :, start : start + len(rows)] = self._buffers[:, :, :, start + rows]

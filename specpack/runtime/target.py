@@ -1,7 +1,8 @@
 """The verify and draft policy, written once above every backend's engines (docs/architecture.md, "Backends").
 
     Target         the loop's TargetModel over a VerifyEngine: the pad row of a greedy single step, q for a
-                   deterministic proposal, the rollback of rejected drafts
+                   deterministic proposal, the rollback of rejected drafts; a tree's accepted path moved into
+                   place (its tokens in state.ids, its cache rows: docs/trees.md)
     Draft          the loop's DraftModel over a DraftEngine: rollback never past what the cache holds
     EngineBackend  a Backend of one VerifyEngine and a DraftEngine opened once, on first use, under a lock
 
@@ -48,18 +49,19 @@ class Target(Generic[V]):
         _rollback(self.engine, state, length)
 
     def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
-        k, q = proposal.k, proposal.q
+        k, q, parents = proposal.k, proposal.q, proposal.parents
         if k == 0 and self._pads(state):
             return self._single_greedy_step(state)
-        if k == 0 or state.params.greedy:  # the greedy verify reads no q: the engine binds its own
-            return self._run(state, VerifyRun(state, k, None))
+        if k == 0 or state.params.greedy or (parents is not None and q is None):
+            # the greedy verify reads no q (the engine binds its own); nor does a tree of deterministic candidates
+            return self._run(state, VerifyRun(state, k, None, parents))
         if q is not None:
-            return self._run(state, VerifyRun(state, k, q))
+            return self._run(state, VerifyRun(state, k, q, parents))
         one_hot = self._one_hot_rows(state.slot)
         rows = np.arange(k)
         one_hot[0, rows, proposal.tokens] = 1.0  # a deterministic proposal: q one-hot on each token
         try:
-            return self._run(state, VerifyRun(state, k, self.engine.upload_q(state.slot, one_hot, k)))
+            return self._run(state, VerifyRun(state, k, self.engine.upload_q(state.slot, one_hot, k), parents))
         finally:
             one_hot[0, rows, proposal.tokens] = 0.0  # back to all zeros, whatever happened
 
@@ -69,9 +71,23 @@ class Target(Generic[V]):
                 and state.length - self.engine.cache(state.slot).length == 1)
 
     def _run(self, state: DecodeState, run: VerifyRun) -> VerifyResult:
+        if run.parents is not None and run.k:
+            return self._tree(state, run)
         result = self.engine.verify(run)
         self.rollback(state, state.length + result.n_accepted)  # the rejected drafts leave the cache
         return result
+
+    def _tree(self, state: DecodeState, run: VerifyRun) -> VerifyResult:
+        """A tree's accepted path, node indices p_0 < p_1 < ... (parents come first), becomes the chain the loop
+        commits: node p_i's token moves to state.ids[length + i] and its cache row to length + i, the rest is
+        dropped. In place and forward (p_i >= i): each source is read before anything overwrites it."""
+        path, next_token = self.engine.verify_tree(run)
+        start, n = state.length, len(path)
+        if n:
+            state.ids[start : start + n] = state.ids[start + path]
+            self.engine.cache(state.slot).keep_rows(start, path)
+        self.rollback(state, start + n)
+        return VerifyResult(n, next_token)
 
     def _single_greedy_step(self, state: DecodeState) -> VerifyResult:
         """A greedy step over one new token, run as two rows: the token and a pad draft after it.

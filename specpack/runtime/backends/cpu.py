@@ -27,7 +27,7 @@ from specpack.contract.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.engine import VerifyRun
+from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.kv_cache import ConcatKVCache, KVCache
 from specpack.runtime.ort_session import OrtGraph
@@ -132,6 +132,9 @@ class OrtTarget(_OrtModel):
                   {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
                   outputs)
         return VerifyResult(int(outputs[names.N_ACCEPTED][0]), int(outputs[names.NEXT_TOKEN][0]))
+
+    def verify_tree(self, run: VerifyRun) -> TreeResult:
+        raise tree_refusal(self.__class__.__name__)
 
     def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> np.ndarray:
         return host_q[:, :k]  # [1, k, V]: the host buffer is what the session reads

@@ -43,7 +43,7 @@ from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView
-from specpack.runtime.engine import VerifyRun
+from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.target import EngineBackend, refuse_head
@@ -303,6 +303,9 @@ class DeviceTarget(_DeviceModel):
         self._run(state, state.length + k, (k,), {names.DRAFT_PROBS: q, names.UNIFORMS: uniforms.view()},
                   {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view()})
         return VerifyResult(int(self._n[i].read()[0]), int(self._next[i].read()[0]))
+
+    def verify_tree(self, run: VerifyRun) -> TreeResult:
+        raise tree_refusal(self.__class__.__name__)
 
     def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> DeviceView:
         """A host q (a deterministic proposal's one-hot rows) uploaded into the slot's scratch."""

@@ -20,9 +20,9 @@ import numpy as np
 
 from specpack import names
 from specpack.contract.manifest import Manifest, ModelEntry
-from specpack.graphs import oracle
+from specpack.graphs import oracle, tree_oracle
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.engine import VerifyRun
+from specpack.runtime.engine import TreeResult, VerifyRun
 from specpack.runtime.kv_cache import LengthCache
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.target import EngineBackend, refuse_head
@@ -90,6 +90,25 @@ class ReferenceTarget(_ReferenceModel):
         n, token = oracle.verify(logits, state.ids[state.length : state.length + k], q,
                                  state.uniforms.verify[0, : k + 1], state.params)
         return VerifyResult(n, token)
+
+    def verify_tree(self, run: VerifyRun) -> TreeResult:
+        """The tree oracle over each node's logits, computed on its own root path (no tree mask to get wrong)."""
+        state, k, parents = run.state, run.k, run.parents
+        assert parents is not None
+        start, ids = state.length, state.ids
+        tokens = ids[start : start + k]
+        self._logits(state, start + k, k + 1)  # the bookkeeping of a run over the k nodes (its rows unused)
+        rows = [np.asarray(self.logits_fn(ids[:start], 1), np.float32)[-1]]  # [V] at the root
+        for node in range(k):
+            path = [node]
+            while parents[path[-1]] >= 0:
+                path.append(int(parents[path[-1]]))
+            prefix = np.concatenate([ids[:start], tokens[path[::-1]]])
+            rows.append(np.asarray(self.logits_fn(prefix, 1), np.float32)[-1])
+        q = None if run.q is None else np.asarray(run.q)[0]  # [k, V]
+        verdict = tree_oracle.verify_tree(np.stack(rows), tokens, parents, state.uniforms.verify[0, : k + 1],
+                                          state.params, q, "deterministic" if q is None else "with_replacement")
+        return TreeResult(np.asarray(verdict.path, np.int64), verdict.next_token)
 
     def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> np.ndarray:
         return host_q[:, :k]  # [1, k, V]

@@ -47,7 +47,7 @@ from specpack.contract.manifest import EngineEntry, Manifest, ModelEntry
 from specpack.dtypes import GRAPH_DTYPES
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.engine import VerifyRun
+from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.static_kv_cache import StaticLengthCache
 from specpack.runtime.target import EngineBackend, refuse_head
@@ -280,6 +280,9 @@ class TrtTarget(TrtModel):
         out = self.run(state, state.length + k, {names.UNIFORMS: state.uniforms.verify[0, : k + 1]},  # [k+1]
                        {names.DRAFT_PROBS: q}, {names.DRAFT_PROBS: (1, k, self.vocab), names.UNIFORMS: (1, k + 1)})
         return VerifyResult(int(out[names.N_ACCEPTED][0]), int(out[names.NEXT_TOKEN][0]))
+
+    def verify_tree(self, run: VerifyRun) -> TreeResult:
+        raise tree_refusal(self.__class__.__name__)
 
     def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> int:
         self.cuda.copy_htod(self.host_q, host_q[0, :k], self.stream)  # rows [0, k): [k, V]
