@@ -38,6 +38,8 @@ from onnx.defs import OpSchema
 from onnxscript import opset20
 from onnxscript.values import Op, Opset
 
+from specpack.errors import SpecpackError
+
 ATTN_IMPLEMENTATION = "specpack_static"  # the name registered with transformers' AttentionInterface
 
 
@@ -141,10 +143,11 @@ class StaticCacheState:
     form: str  # "gqa" | "standard"
     past: tuple[torch.Tensor, ...] = ()  # key_0, value_0, key_1, ...   [1, Hkv, M, D] each
     mask: torch.Tensor | None = None  # [1, M] int64: ones at [0, L + S)
+    allowed: torch.Tensor | None = None  # [S, M] bool: the token tree's restriction (tree_allowed); None: causal
     presents: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    def begin(self, mask: torch.Tensor, past: tuple[torch.Tensor, ...]) -> None:
-        self.mask, self.past, self.presents = mask, past, {}
+    def begin(self, mask: torch.Tensor, past: tuple[torch.Tensor, ...], allowed: torch.Tensor | None = None) -> None:
+        self.mask, self.past, self.allowed, self.presents = mask, past, allowed, {}
 
     def ordered_presents(self) -> list[torch.Tensor]:
         return [t for layer in sorted(self.presents) for t in self.presents[layer]]
@@ -164,6 +167,11 @@ def make_attention(state: StaticCacheState) -> Callable[..., tuple[torch.Tensor,
         window = kwargs.get("sliding_window")
         total = state.mask.sum(dim=-1)  # [1] L + S
         seq, num_heads, head_dim = query.shape[2], query.shape[1], query.shape[3]
+        if state.allowed is not None and (state.form != "standard" or window):
+            raise SpecpackError("the tree verify graph needs standard attention without a sliding window",
+                                expected="--attention standard, a model without sliding_window",
+                                found=f"attention {state.form}, sliding_window {window}",
+                                hint="export without --max-tree-nodes")
         if state.form == "gqa":
             kv_heads = past_key.shape[1]
             out, present_key, present_value = torch.ops.specpack.group_query_attention(
@@ -177,7 +185,8 @@ def make_attention(state: StaticCacheState) -> Callable[..., tuple[torch.Tensor,
         else:
             present_key, present_value = (torch.ops.specpack.kv_write(past, new, total - seq)
                                           for past, new in ((past_key, key), (past_value, value)))
-            out, _, _ = _standard(query, None, None, present_key, present_value, total - seq, scale, window)
+            out, _, _ = _standard(query, None, None, present_key, present_value, total - seq, scale, window,
+                                  state.allowed)
         state.presents[layer] = (present_key, present_value)
         return out, None  # [1, S, Hq, D]
 
@@ -185,13 +194,14 @@ def make_attention(state: StaticCacheState) -> Callable[..., tuple[torch.Tensor,
 
 
 def _standard(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None, cache_key: torch.Tensor,
-              cache_value: torch.Tensor, start: torch.Tensor, scale: float, window: int | None
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              cache_value: torch.Tensor, start: torch.Tensor, scale: float, window: int | None,
+              allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of query [1, Hq, S, D] (rows start..start+S-1) over a static cache [1, Hkv, M, D].
 
     key / value [1, Hkv, S, D] are written into the cache first (rows [start, start + S)), unless None
-    (already written). -> out [1, S, Hq, D], the cache key, the cache value. Grouped heads share a K / V head
-    through a reshape (query head h reads kv head h // G), never by repeating the cache."""
+    (already written). `allowed` [S, M] bool narrows the causal mask further (a token tree: tree_allowed).
+    -> out [1, S, Hq, D], the cache key, the cache value. Grouped heads share a K / V head through a reshape
+    (query head h reads kv head h // G), never by repeating the cache."""
     if key is not None and value is not None:
         cache_key = torch.ops.specpack.kv_write(cache_key, key, start)
         cache_value = torch.ops.specpack.kv_write(cache_value, value, start)
@@ -206,7 +216,55 @@ def _standard(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor
     visible = col <= row.unsqueeze(-1)  # [1, S, M] causal, and nothing at or past L + S
     if window:
         visible = visible & (col > row.unsqueeze(-1) - window)
+    if allowed is not None:
+        visible = visible & allowed.view(1, seq, max_len)
     scores = scores.masked_fill(~visible.view(1, 1, 1, seq, max_len), torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores.float(), dim=-1).to(query.dtype).view(1, kv_heads, groups * seq, max_len)
     out = torch.matmul(probs, cache_value)  # [1, Hkv, G*S, D]
     return out.view(1, num_heads, seq, head_dim).transpose(1, 2), cache_key, cache_value
+
+
+# ------------------------------------------------------------------------------------------- token trees
+
+
+def tree_ancestors(parents: torch.Tensor, rounds: int) -> torch.Tensor:
+    """tree_oracle.ancestors in torch: parents int64 [T] (topological, -1: the root) -> [T, T] bool, A[j, i] iff i is
+    j or an ancestor of j. Pointer doubling, unrolled `rounds` times (graphs/tree_head.py's ancestor_mask):
+
+        P = parents < 0 ? self : parents;  A = (i == j) or (i == P[j])
+        repeat rounds:  A = A | A[P];  P = P[P]
+    """
+    index = torch.arange(parents.shape[0], device=parents.device)  # [T]
+    up = torch.where(parents < 0, index, parents)  # [T] the root's children point at themselves
+    anc = (index.view(-1, 1) == index.view(1, -1)) | (up.view(-1, 1) == index.view(1, -1))  # [T, T]
+    for _ in range(rounds):
+        anc = anc | anc.index_select(0, up)
+        up = up.index_select(0, up)
+    return anc
+
+
+def tree_allowed(anc: torch.Tensor, seq: int, start: torch.Tensor, max_len: int) -> torch.Tensor:
+    """[S, M] bool: which cache rows each of the run's S rows may read beyond the causal mask. The run's last T rows
+    are the tree's nodes (cache rows first .. first + T - 1, first = start + S - T); a node reads a node row only
+    when that node is its ancestor or itself. Every other pair is left to the causal mask (True).
+
+        a[c]  = c - first if first <= c < first + T else T                      [M] node of cache row c (T: none)
+        ext   = [[1 (S-T rows, T+1 cols)], [A | 1]]                              [S, T+1]
+        allowed = ext[:, a]                                                      [S, M]
+    """
+    nodes = anc.shape[0]
+    first = start + seq - nodes  # [1]
+    node = torch.arange(max_len, device=anc.device) - first  # [M]
+    node = torch.where((node >= 0) & (node < nodes), node, torch.zeros_like(node) + nodes)
+    chain = torch.ones(seq - nodes, nodes + 1, dtype=torch.bool, device=anc.device)  # rows before the nodes
+    tree = torch.cat([anc, torch.ones(nodes, 1, dtype=torch.bool, device=anc.device)], dim=1)  # [T, T+1]
+    return torch.cat([chain, tree], dim=0).index_select(1, node)
+
+
+def tree_positions(position_ids: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+    """position_ids [1, S] with the last T (the nodes') replaced by the root's position + each node's depth: a node
+    sits where it would sit on its own root path. The root is row S - T - 1; a chain gets its own positions back."""
+    seq, nodes = position_ids.shape[1], anc.shape[0]
+    root = position_ids[:, seq - nodes - 1: seq - nodes]  # [1, 1]
+    depth = anc.sum(dim=1).view(1, -1)  # [1, T] 1 for the root's children
+    return torch.cat([position_ids[:, : seq - nodes], root + depth], dim=1)
