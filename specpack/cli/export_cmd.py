@@ -21,6 +21,7 @@ from specpack.export.config import (
     ExportConfig,
 )
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES
+from specpack.limits import TREE_NODES_MAX
 
 DEFAULTS = ExportConfig()
 QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runtime MatMulNBits, lm_head and embedding "
@@ -75,6 +76,9 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
               help="Seed of the draw from --calib-prompts.")
 @click.option("--drafter", type=click.Choice(DRAFTERS), default="model", show_default=True,
               help="model: a pack with the --draft model; ngram: the target alone, drafting by prompt lookup.")
+@click.option("--max-tree-nodes", "max_tree_nodes", type=int, default=DEFAULTS.max_tree_nodes, show_default=True,
+              help=f"Token trees: the target's verify graph takes a tree of up to this many drafts (1..{TREE_NODES_MAX}) "
+                   "with `parents`, plus kv_compact.onnx; static KV cache, standard attention. 0: chains only.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at the output path.")
 @user_errors
 def export_command(draft: str | None, target: str, output: Path, k: int, max_len: int | None, dtype: str,
@@ -82,7 +86,7 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                    quantize_draft: str | None,
                    quantize_target: str | None, dequantize: bool, no_fidelity: bool,
                    fidelity_prompts: Path | None, fidelity_limit: int, fidelity_tokens: int, calib_prompts: Path | None,
-                   calib_samples: int, calib_seed: int, drafter: str, overwrite: bool) -> None:
+                   calib_samples: int, calib_seed: int, drafter: str, max_tree_nodes: int, overwrite: bool) -> None:
     """Export a draft/target pair (or a target alone, --drafter ngram) to a speculative-decoding pack."""
     from specpack.export.pipeline import export_pack
 
@@ -93,6 +97,6 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                           fidelity_prompts=None if fidelity_prompts is None else str(fidelity_prompts),
                           fidelity_limit=fidelity_limit, fidelity_tokens=fidelity_tokens,
                           calib_prompts=None if calib_prompts is None else str(calib_prompts),
-                          calib_samples=calib_samples, calib_seed=calib_seed)
+                          calib_samples=calib_samples, calib_seed=calib_seed, max_tree_nodes=max_tree_nodes)
     export_pack(draft, target, output, config)
     click.echo(str(output))

@@ -8,6 +8,7 @@
          or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
       -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (deploy/)
+         (--max-tree-nodes T: the target's tree form + the tree head, and kv_compact.onnx; docs/trees.md)
 
 An n-gram pack (--drafter ngram) has no draft model: the draft's stages are skipped.
 
@@ -72,7 +73,8 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
 
     vocab_size = check_same_vocabulary(draft_dir, target_dir, draft_info.vocab_rows, target_info.vocab_rows)
     max_len = config.resolve_max_len(draft_info.max_positions, target_info.max_positions)
-    forms = {"draft": config.graph_form(draft_info.head_dim), "target": config.graph_form(target_info.head_dim)}
+    forms = {"draft": config.graph_form(draft_info.head_dim),
+             "target": config.graph_form(target_info.head_dim, "target")}
 
     with staging_dir(out) as staging:
         work = staging / "work"
@@ -91,7 +93,8 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
                     quantization[role] = record
                 continue
             _log(f"exporting the {role} ({model_dir.name}) ...")
-            _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role])
+            tree = config.max_tree_nodes if role == "target" else 0
+            _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role], tree)
         graphs = dict(plain)
         for role, (src, model_dir) in roles.items():
             method = methods[role]
@@ -119,7 +122,15 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
         for role, graph_file in (("draft", DRAFT_STEP_FILE), ("target", VERIFY_FILE))[1 if draft_src is None else 0:]:
             if graphs[role] != plain[role]:
                 _remove_graph(plain[role])  # the unquantized intermediate: only the pack's graphs stay
-            _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size, forms[role].heads)
+            tree = config.max_tree_nodes if role == "target" else 0
+            _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size, forms[role].heads,
+                       tree)
+        if config.max_tree_nodes:
+            from specpack.graphs.kv_compact import write_kv_compact
+            from specpack.names import KV_COMPACT_FILE
+
+            write_kv_compact(staging / KV_COMPACT_FILE, target_info.num_layers, target_info.kv_heads,
+                             target_info.head_dim, config.dtype)
         shutil.rmtree(work)
         write_pack_manifest(
             staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
@@ -140,11 +151,12 @@ def _check_draft_source(draft_src: str | None, drafter: str) -> None:
                             + ("without --draft" if draft_src is None else f"with --draft {draft_src}"))
 
 
-def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm) -> None:
-    """Stage 1: the plain forward graph (torch; the model's memory goes with the process)."""
+def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm, tree_nodes: int = 0) -> None:
+    """Stage 1: the plain forward graph (torch; the model's memory goes with the process); tree_nodes > 0: the
+    tree form (torch_export.py)."""
     from specpack.export.torch_export import export_plain_graph
 
-    export_plain_graph(model_dir, plain, dtype, form)
+    export_plain_graph(model_dir, plain, dtype, form, tree_nodes)
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str,
@@ -187,11 +199,15 @@ def _fidelity(graphs: dict[str, Path], plain: dict[str, Path], quantization: dic
     return measure_fidelity(inputs, prompt_texts(config.fidelity_prompts, config.fidelity_limit))
 
 
-def _attach(graph: Path, graph_out: Path, role: str, vocab_size: int, heads: str = "onnxruntime") -> None:
+def _attach(graph: Path, graph_out: Path, role: str, vocab_size: int, heads: str = "onnxruntime",
+            tree_nodes: int = 0) -> None:
     """Stage 4: the head (`heads`: the form's, graph_form.py) on top of the (quantized) plain graph; its weights
-    move to the head graph."""
-    from specpack.graphs.attach import build_draft_step_graph, build_verify_graph
+    move to the head graph. tree_nodes > 0: the tree verify head (the target's tree form)."""
+    from specpack.graphs.attach import build_draft_step_graph, build_tree_verify_graph, build_verify_graph
 
+    if tree_nodes:
+        build_tree_verify_graph(graph, graph_out, vocab_size, tree_nodes)
+        return
     build = build_draft_step_graph if role == "draft" else build_verify_graph
     build(graph, graph_out, vocab_size, heads)
 

@@ -45,6 +45,7 @@ from specpack.errors import SpecpackError
 from specpack.export.config import DTYPES
 from specpack.export.graph_form import CONCAT, GraphForm
 from specpack.export.model_info import SUPPORTED_FAMILIES, ModelInfo, read_model_info
+from specpack.limits import check_tree_nodes
 
 if TYPE_CHECKING:
     import torch
@@ -98,13 +99,8 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
 
 def check_tree_form(form: GraphForm, tree_nodes: int) -> None:
     """A SpecpackError unless tree_nodes is 0 (no tree) or 1..MAX_NODES with a form the tree verify graph has."""
-    from specpack.graphs.tree_head import MAX_NODES
-
-    if not tree_nodes:
+    if not check_tree_nodes(tree_nodes):
         return
-    if not isinstance(tree_nodes, int) or not 1 <= tree_nodes <= MAX_NODES:
-        raise SpecpackError("invalid --max-tree-nodes", expected=f"an integer in 1..{MAX_NODES} (0: no tree)",
-                            found=repr(tree_nodes))
     if (form.kv_cache, form.attention, form.heads) != ("static", "standard", "onnxruntime"):
         raise SpecpackError("the tree verify graph is built for the static KV cache with standard attention only",
                             expected="--kv-cache static --attention standard --form onnxruntime",
