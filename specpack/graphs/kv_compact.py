@@ -55,7 +55,7 @@ def kv_compact_model(num_layers: int, kv_heads: int, head_dim: int, dtype: str =
         b.op("ScatterND", past, indices, moved)
         b.nodes[-1].output[0] = present
     elem = _ELEM_TYPES[dtype]
-    kv = [1, kv_heads, MAX, head_dim]
+    kv: list[int | str] = [1, kv_heads, MAX, head_dim]
     inputs = [tensor_info(names.ATTENTION_MASK, INT64, [1, MAX]), tensor_info(names.PATH, INT64, [1, PATH_ROWS]),
               *(tensor_info(name, elem, kv) for name in names.kv_names(num_layers, "past"))]
     outputs = [tensor_info(name, elem, kv) for name in names.kv_names(num_layers, "present")]

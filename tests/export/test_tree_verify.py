@@ -218,7 +218,7 @@ def test_tree_logits_verdict_and_compaction(graphs: Graphs, mode: str) -> None:
                                                         - chain_cache[name][:, :, : root + n + 1]).max()))
 
         # 4. the next step on the compacted cache: the target's logits after the chain and the next token
-        committed = chain + [want.next_token]
+        committed = [*chain, want.next_token]
         after = _grow(rng, g, committed, 3, params)
         out, _ = _tree_step(g, cache, committed, root + n + 1, after, params, rng.random(4, dtype=F32))
         np.testing.assert_allclose(out[names.LOGITS][0], after.want, atol=LOGITS_ATOL)
