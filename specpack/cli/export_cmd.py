@@ -78,7 +78,7 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
               help="model: a pack with the --draft model; ngram: the target alone, drafting by prompt lookup.")
 @click.option("--max-tree-nodes", "max_tree_nodes", type=int, default=DEFAULTS.max_tree_nodes, show_default=True,
               help=f"Token trees: the target's verify graph takes a tree of up to this many drafts (1..{TREE_NODES_MAX}) "
-                   "with `parents`, plus kv_compact.onnx; static KV cache, standard attention. 0: chains only.")
+                   "with `parents`, plus kv_compact.onnx; static KV cache, torch graphs. 0: chains only.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at the output path.")
 @user_errors
 def export_command(draft: str | None, target: str, output: Path, k: int, max_len: int | None, dtype: str,

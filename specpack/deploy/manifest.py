@@ -131,10 +131,10 @@ class GraphEntry(_Closed):
     def _check_origin(self) -> GraphEntry:
         if self.positions == "internal" and self.kv_cache != "static":
             raise ValueError("positions 'internal' needs kv_cache 'static' (the positions come from the static mask)")
-        form = (self.kv_cache, self.attention, self.heads, self.positions, self.exporter)
-        if self.tree is not None and form != ("static", "standard", "onnxruntime", "inputs", "torch"):
-            raise ValueError("a tree verify graph is a torch graph with kv_cache 'static', attention 'standard', "
-                             "heads 'onnxruntime' and positions 'inputs'")
+        form = (self.kv_cache, self.heads, self.positions, self.exporter)
+        if self.tree is not None and form != ("static", "onnxruntime", "inputs", "torch"):
+            raise ValueError("a tree verify graph is a torch graph with kv_cache 'static', heads 'onnxruntime' and "
+                             "positions 'inputs'")
         if (self.exporter == "builder") != (self.execution_provider is not None):
             raise ValueError("execution_provider is recorded exactly for exporter 'builder'")
         return self

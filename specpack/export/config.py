@@ -58,7 +58,7 @@ class ExportConfig:
                                       # (onnxruntime-genai's model builder, builder_export.py)
     execution_provider: str = "cpu"   # "cpu" or "cuda": what the builder builds for (--graphs builder only)
     max_tree_nodes: int = 0           # > 0: the target's verify.onnx verifies token trees of up to this many nodes
-                                      # (docs/trees.md; static cache, standard attention, torch graphs); 0: chains
+                                      # (docs/trees.md; static cache, torch graphs); 0: chains
 
     def __post_init__(self) -> None:
         if not self.kv_cache:  # the defaults are applied here, for the API and the CLI alike
@@ -103,16 +103,13 @@ class ExportConfig:
             return
         refused = [(self.graphs != "torch", f"--graphs {self.graphs}", "--graphs torch"),
                    (self.kv_cache != "static", f"--kv-cache {self.kv_cache}", "--kv-cache static"),
-                   (self.attention == "gqa", "--attention gqa", "--attention standard (or auto)"),
                    (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime")]
         for bad, found, expected in refused:
             if bad:
                 raise SpecpackError(f"--max-tree-nodes cannot be exported with {found}: the tree verify graph is built "
-                                    "for torch graphs with the static KV cache and standard attention so far",
-                                    expected=expected, found=found,
-                                    hint="leave out --max-tree-nodes for this form (GroupQueryAttention with a tree "
-                                         "bias, the concat cache and the TensorRT heads are not built yet: "
-                                         "docs/trees.md)")
+                                    "for torch graphs with the static KV cache so far", expected=expected, found=found,
+                                    hint="leave out --max-tree-nodes for this form (the builder's graphs, the concat "
+                                         "cache and the TensorRT heads are not built yet: docs/trees.md)")
 
     def _check_graphs(self) -> None:
         """--graphs / --ep, and what the builder cannot do (builder_export.py lists it)."""
@@ -140,15 +137,14 @@ class ExportConfig:
                 check_builder_quantization(role, value)
         check_builder_config(self.dtype, self.execution_provider)
 
-    def graph_form(self, head_dim: int, role: str = "draft") -> GraphForm:
+    def graph_form(self, head_dim: int) -> GraphForm:
         """The KV cache and attention form of one model's graph (attention "auto" depends on its head size);
-        the builder's graphs are always static gqa; a tree pack's target (max_tree_nodes) standard attention."""
+        the builder's graphs are always static gqa."""
         if self.graphs == "builder":
             form = GraphForm("static", "gqa")
             form.check(head_dim)
             return form
-        tree = role == "target" and self.max_tree_nodes > 0
-        return resolve_form(self.kv_cache, "standard" if tree else self.attention, head_dim, self.form)
+        return resolve_form(self.kv_cache, self.attention, head_dim, self.form)
 
     def quantization(self, role: str, source: str) -> str:
         """The quantization mode of the `role` ("draft" | "target") graph exported from `source`."""

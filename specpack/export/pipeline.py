@@ -73,8 +73,7 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
 
     vocab_size = check_same_vocabulary(draft_dir, target_dir, draft_info.vocab_rows, target_info.vocab_rows)
     max_len = config.resolve_max_len(draft_info.max_positions, target_info.max_positions)
-    forms = {"draft": config.graph_form(draft_info.head_dim),
-             "target": config.graph_form(target_info.head_dim, "target")}
+    forms = {"draft": config.graph_form(draft_info.head_dim), "target": config.graph_form(target_info.head_dim)}
 
     with staging_dir(out) as staging:
         work = staging / "work"

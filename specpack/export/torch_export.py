@@ -21,7 +21,7 @@ M = max_len is the buffers' length (dim_param max_sequence_length), the mask hol
 length is data, so every run over S tokens has the same shapes. static_attention.py has the two attention
 forms (GroupQueryAttention, or default-domain ops for any head size).
 
-The tree form (tree_nodes > 0: static cache, standard attention; docs/trees.md) adds one input after the mask:
+The tree form (tree_nodes > 0: static cache, either attention; docs/trees.md) adds one input after the mask:
 
     parents         [1, T]  int64, the last T of the S rows are a token tree's nodes (parents[i] < i, -1: the
                             root, row S - T - 1); T = 0 .. tree_nodes (dim_param tree_nodes)
@@ -101,12 +101,12 @@ def check_tree_form(form: GraphForm, tree_nodes: int) -> None:
     """A SpecpackError unless tree_nodes is 0 (no tree) or 1..MAX_NODES with a form the tree verify graph has."""
     if not check_tree_nodes(tree_nodes):
         return
-    if (form.kv_cache, form.attention, form.heads) != ("static", "standard", "onnxruntime"):
-        raise SpecpackError("the tree verify graph is built for the static KV cache with standard attention only",
-                            expected="--kv-cache static --attention standard --form onnxruntime",
-                            found=f"--kv-cache {form.kv_cache} --attention {form.attention} --form {form.heads}",
-                            hint="pass --kv-cache static --attention standard, or drop --max-tree-nodes "
-                                 "(GroupQueryAttention with a tree bias, the concat cache and TensorRT heads: not yet)")
+    if (form.kv_cache, form.heads) != ("static", "onnxruntime"):
+        raise SpecpackError("the tree verify graph is built for the static KV cache with onnxruntime heads only",
+                            expected="--kv-cache static --form onnxruntime",
+                            found=f"--kv-cache {form.kv_cache} --form {form.heads}",
+                            hint="pass --kv-cache static, or drop --max-tree-nodes (the concat cache and the "
+                                 "TensorRT heads are not built yet)")
 
 
 def _log(line: str) -> None:

@@ -17,7 +17,6 @@ from specpack.export.config import ExportConfig
 
 
 @pytest.mark.parametrize(("options", "found"), [
-    ({"kv_cache": "static", "attention": "gqa"}, "--attention gqa"),
     ({"kv_cache": "concat"}, "--kv-cache concat"),
     ({"graphs": "builder"}, "--graphs builder"),
     ({"kv_cache": "static", "form": "tensorrt"}, "--form tensorrt"),
@@ -34,13 +33,13 @@ def test_tree_nodes_out_of_range(nodes: object) -> None:
         ExportConfig(max_tree_nodes=nodes, kv_cache="static")  # type: ignore[arg-type]
 
 
-def test_cli_refuses_gqa_trees(tmp_path: Path, tiny_pairs) -> None:
+def test_cli_refuses_concat_trees(tmp_path: Path, tiny_pairs) -> None:
     draft, target = tiny_pairs("qwen2")
     result = CliRunner().invoke(spec_export, ["--draft", str(draft), "--target", str(target), "-o", str(tmp_path / "p"),
-                                              "--kv-cache", "static", "--attention", "gqa", "--max-tree-nodes", "8"])
+                                              "--kv-cache", "concat", "--max-tree-nodes", "8"])
     text = result.output + (result.stderr if result.stderr_bytes else "")
     assert result.exit_code == 2 and "Traceback" not in text, text
-    for fragment in ("--max-tree-nodes", "expected", "--attention standard", "found", "--attention gqa", "hint"):
+    for fragment in ("--max-tree-nodes", "expected", "--kv-cache static", "found", "--kv-cache concat", "hint"):
         assert fragment in text, text
     assert not (tmp_path / "p").exists()
 
@@ -51,7 +50,7 @@ def test_tree_pack_manifest(tiny_export) -> None:
     manifest = Manifest.read(pack)
     graph = manifest.target.graph
     assert graph.tree is not None and graph.tree.max_nodes == 16 and graph.tree.rules == ["greedy", "deterministic"]
-    assert (graph.kv_cache, graph.attention) == ("static", "standard") and manifest.draft.graph.tree is None
+    assert graph.kv_cache == "static" and manifest.draft.graph.tree is None
     assert names.KV_COMPACT_FILE in {f.path for f in manifest.files} and names.KV_COMPACT_FILE in manifest.loaded_files()
     inputs = {s.name: s for s in graph.inputs}
     assert inputs[names.PARENTS].shape == [1, "tree_nodes"] and names.DRAFT_PROBS not in inputs
@@ -60,3 +59,16 @@ def test_tree_pack_manifest(tiny_export) -> None:
     # a chain pack of the same pair has none of it
     chain = Manifest.read(tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static"))
     assert chain.target.graph.tree is None and names.PARENTS not in {s.name for s in chain.target.graph.inputs}
+
+
+def test_tree_refuses_a_sliding_window_that_binds() -> None:
+    """A window counted in cache rows would cut a tree node's keys wrongly: refused, unless no context reaches it."""
+    from types import SimpleNamespace
+
+    from specpack.export.static_attention import _check_tree_window
+
+    module = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=256))
+    _check_tree_window(module, 4096)  # type: ignore[arg-type]  # Mistral's default on a short-context model
+    with pytest.raises(SpecpackError, match="sliding-window") as err:
+        _check_tree_window(module, 128)  # type: ignore[arg-type]
+    assert err.value.found == "sliding_window 128"

@@ -31,7 +31,10 @@ from specpack.sampling import SamplingParams
 MAX_NODES = 64  # the graphs are built for the largest trees (6 pointer-doubling rounds)
 CACHE = 112  # M: the static buffers' length
 F32 = np.float32
-FAMILIES = ["qwen2", pytest.param("llama", marks=pytest.mark.slow), pytest.param("gpt2", marks=pytest.mark.slow)]
+# (family, attention of the tree graph); the reference is always the standard form without a tree
+FORMS = [("qwen2", "standard"), *(pytest.param(f, marks=pytest.mark.slow, id=f"{f[0]}-{f[1]}") for f in (
+    ("qwen2", "gqa"), ("llama", "standard"), ("mistral", "gqa"), ("gpt2", "standard")))]
+GQA_HEAD_DIM = 16  # GroupQueryAttention needs a multiple of 8 (the tiny pairs' default is 12)
 # low temperatures: the tiny targets' distributions are flat, and accepted nodes are what compaction is tested on
 MODES = {"greedy": SamplingParams(), "sampling": SamplingParams(0.4), "filtered": SamplingParams(0.3, top_k=8, top_p=0.9)}
 SIZES = (1, 2, 3, 5, 8, 13, 21, 64)  # nodes per tree, one tree each
@@ -65,28 +68,31 @@ class Graphs:
         return {name: np.zeros((1, shape[1], CACHE, shape[3]), F32) for name in self.kv}
 
 
-@pytest.fixture(scope="module", params=FAMILIES)
+@pytest.fixture(scope="module", params=FORMS, ids=lambda f: f"{f[0]}-{f[1]}")
 def graphs(request: pytest.FixtureRequest, tiny_pairs: Callable[..., tuple[Path, Path]], tiny_store) -> Graphs:
     from specpack.export.graph_form import GraphForm
     from specpack.export.model_info import read_model_info
     from specpack.export.torch_export import export_plain_graph
     from specpack.graphs.attach import build_tree_verify_graph, build_verify_graph
 
-    family = request.param
-    target = tiny_pairs(family)[1]
+    family, attention = request.param
+    target = tiny_pairs(family, **({"head_dim": GQA_HEAD_DIM} if attention == "gqa" else {}))[1]
     info = read_model_info(target)
-    form = GraphForm("static", "standard")
+    form, standard = GraphForm("static", attention), GraphForm("static", "standard")
 
     def build(root: Path) -> None:
         export_plain_graph(target, root / "tree" / "plain.onnx", "fp32", form, tree_nodes=MAX_NODES)
         build_tree_verify_graph(root / "tree" / "plain.onnx", root / "verify_tree.onnx", info.vocab_rows, MAX_NODES)
-        export_plain_graph(target, root / "plain" / "plain.onnx", "fp32", form)
-        shutil.copytree(root / "plain", root / "chain")  # attaching moves the weights: a copy of its own
+        export_plain_graph(target, root / "plain" / "plain.onnx", "fp32", standard)
+        if attention == "standard":
+            shutil.copytree(root / "plain", root / "chain")  # attaching moves the weights: a copy of its own
+        else:
+            export_plain_graph(target, root / "chain" / "plain.onnx", "fp32", form)
         build_verify_graph(root / "chain" / "plain.onnx", root / "verify_chain.onnx", info.vocab_rows)
         shutil.rmtree(root / "tree")
         shutil.rmtree(root / "chain")
 
-    root = tiny_store.get(("tree-verify", family, MAX_NODES), build)
+    root = tiny_store.get(("tree-verify", family, attention, MAX_NODES), build)
     compact = kv_compact_model(info.num_layers, info.kv_heads, info.head_dim).SerializeToString()
     return Graphs(tree=_session(with_logits_output(root / "verify_tree.onnx", "fp32")),
                   chain=_session(with_logits_output(root / "verify_chain.onnx", "fp32")),
