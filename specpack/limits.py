@@ -4,6 +4,8 @@
     k at run time   drafts per step for one request:                   0..the pack's k_max (0: the target alone),
                     or "auto" (K_AUTO; None in the Python API): adaptive, the default
     dtypes          the graph dtypes spec-export writes                specpack/dtypes.py (DTYPES, the one table)
+    tree nodes      a tree pack's most nodes per verify                1..TREE_NODES_MAX (spec-export --max-tree-nodes;
+                    0: no tree, the default)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ __all__ = ["DEFAULT_K", "DEFAULT_MAX_LEN", "DRAFTERS", "K_AUTO", "K_MAX", "K_MIN
 
 K_MIN, K_MAX = 1, 16       # a pack's k_max (spec-export --k)
 DEFAULT_K = 4              # spec-export's default k_max
+TREE_NODES_MAX = 64        # spec-export --max-tree-nodes: the most nodes a tree verify graph is built for (docs/trees.md)
 K_AUTO = "auto"            # run-time k chosen per step (runtime/adaptive_k.py)
 DRAFTERS = ("model", "ngram", "head")  # who drafts: the pack's draft model, prompt lookup (runtime/ngram_drafter.py),
                                        # or the pack's draft head (docs/heads.md)
@@ -35,6 +38,14 @@ def check_export_k(k: object) -> int:
     if isinstance(k, bool) or not isinstance(k, int) or not K_MIN <= k <= K_MAX:
         raise SpecpackError("invalid --k", expected=f"an integer in {K_MIN}..{K_MAX}", found=repr(k))
     return k
+
+
+def check_tree_nodes(nodes: object) -> int:
+    """A pack's most tree nodes per verify: 0 (no tree verify graph) or an integer in 1..TREE_NODES_MAX."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 0 <= nodes <= TREE_NODES_MAX:
+        raise SpecpackError("invalid --max-tree-nodes", expected=f"an integer in 1..{TREE_NODES_MAX} (0: no tree)",
+                            found=repr(nodes))
+    return nodes
 
 
 def check_k(k: object, k_max: int = K_MAX, *, minimum: int = 0, what: str = "k") -> int:

@@ -45,6 +45,15 @@ Static KV cache form (kv_cache "static" in the manifest; export/graph_form.py), 
                                    writes rows [L, L + S) in place; rollback is a length update (L changes)
     so every run over S new tokens has the same shapes and buffer addresses (runtime/static_kv_cache.py).
 
+Tree verify graph (verify.onnx of a pack exported with --max-tree-nodes T_max; docs/trees.md): the plain inputs,
+where the last T rows of input_ids are a token tree's nodes and the row before them its root, plus
+    parents                        int64 [1, T]    each node's parent (parents[i] < i), -1: the root; T <= T_max
+    uniforms                       fp32  [1, T+1]  u[i] node i's test, u[T] the final draw
+    and the sampling inputs below (no draft_probs: the deterministic rule, exact for any candidates)
+    -> n_accepted, next_token
+    -> path                        int64 [1, T+1]  the accepted rows, root first (0, node + 1 ...), -1 padded
+    -> present.*                   (then kv_compact.onnx over `path`: the caller keeps L_root + n_accepted + 1)
+
 Sampling inputs (both graphs); temperature 0 is greedy:
     temperature                    fp32  [1]
     top_k                          int64 [1]       0 disables
@@ -82,6 +91,7 @@ HIDDEN_OUT = "hidden_out"
 DRAFT_STEP_FILE = "draft_step.onnx"
 HEAD_STEP_FILE = "head_step.onnx"
 VERIFY_FILE = "verify.onnx"
+KV_COMPACT_FILE = "kv_compact.onnx"  # tree packs: moves the accepted path's cache rows into place (graphs/kv_compact.py)
 TOKENIZER_DIR = "tokenizer"  # the pack's tokenizer folder (runtime/tokenizer.py reads TOKENIZER_LOADED_FILES from it)
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"

@@ -21,6 +21,7 @@ from specpack.export.config import (
     ExportConfig,
 )
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES
+from specpack.limits import TREE_NODES_MAX
 
 DEFAULTS = ExportConfig()
 QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runtime MatMulNBits, lm_head and embedding "
@@ -78,6 +79,9 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
 @click.option("--draft-head", "draft_head", type=click.Path(path_type=Path), default=None,
               help="A draft head trained for this target by `specpack distill` (no --draft): the pack drafts with it; "
                    "a head trained for another target is refused.")
+@click.option("--max-tree-nodes", "max_tree_nodes", type=int, default=DEFAULTS.max_tree_nodes, show_default=True,
+              help=f"Token trees: the target's verify graph takes a tree of up to this many drafts (1..{TREE_NODES_MAX}) "
+                   "with `parents`, plus kv_compact.onnx; static KV cache, torch graphs. 0: chains only.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at the output path.")
 @user_errors
 def export_command(draft: str | None, target: str, output: Path, k: int, max_len: int | None, dtype: str,
@@ -85,7 +89,8 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                    quantize_draft: str | None,
                    quantize_target: str | None, dequantize: bool, no_fidelity: bool,
                    fidelity_prompts: Path | None, fidelity_limit: int, fidelity_tokens: int, calib_prompts: Path | None,
-                   calib_samples: int, calib_seed: int, drafter: str, draft_head: Path | None, overwrite: bool) -> None:
+                   calib_samples: int, calib_seed: int, drafter: str, draft_head: Path | None,
+                   max_tree_nodes: int, overwrite: bool) -> None:
     """Export a draft/target pair (or a target alone, --drafter ngram, or a target with its draft head, --draft-head)
     to a speculative-decoding pack."""
     from specpack.export.pipeline import export_pack
@@ -98,6 +103,7 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                           fidelity_limit=fidelity_limit, fidelity_tokens=fidelity_tokens,
                           calib_prompts=None if calib_prompts is None else str(calib_prompts),
                           calib_samples=calib_samples, calib_seed=calib_seed,
-                          draft_head=None if draft_head is None else str(draft_head))
+                          draft_head=None if draft_head is None else str(draft_head),
+                          max_tree_nodes=max_tree_nodes)
     export_pack(draft, target, output, config)
     click.echo(str(output))

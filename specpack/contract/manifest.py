@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Va
 from specpack import names
 from specpack.dtypes import GRAPH_DTYPES, DtypeName
 from specpack.errors import SpecpackError
-from specpack.limits import K_MAX, QuantizationMode
+from specpack.limits import K_MAX, TREE_NODES_MAX, QuantizationMode
 
 SCHEMA_VERSION: Final = 1
 MANIFEST_FILE = "manifest.json"
@@ -44,7 +44,9 @@ HEAD_OUTPUTS = (names.TOKEN, names.PROBS, names.HIDDEN_OUT)
 ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain inputs and the KV cache
     "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
     "target": ({names.DRAFT_PROBS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN}),
+    "tree": ({names.PARENTS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN, names.PATH}),  # a tree verify
 }
+TREE_RULES = ("greedy", "deterministic")  # the acceptance rules a tree verify head has (graphs/tree_head.py)
 PLAIN_INPUTS = {names.INPUT_IDS, names.ATTENTION_MASK, names.TEMPERATURE, names.TOP_K, names.TOP_P}
 POSITION_INPUTS = {"inputs": {names.POSITION_IDS}, "internal": set()}  # GraphEntry.positions -> the inputs it adds
 
@@ -124,9 +126,16 @@ class GraphEntry(_Closed):
     positions: Literal["inputs", "internal"] = "inputs"  # internal: no position_ids input (static cache only)
     exporter: Literal["torch", "builder"] = "torch"      # builder: onnxruntime-genai's model builder (--graphs)
     execution_provider: Literal["cpu", "cuda"] | None = None  # what a builder graph was built for (--ep)
+    tree: TreeForm | None = None                         # a tree verify graph (--max-tree-nodes); None: chains
 
     @model_validator(mode="after")
     def _check_origin(self) -> GraphEntry:
+        if self.positions == "internal" and self.kv_cache != "static":
+            raise ValueError("positions 'internal' needs kv_cache 'static' (the positions come from the static mask)")
+        form = (self.kv_cache, self.heads, self.positions, self.exporter)
+        if self.tree is not None and form != ("static", "onnxruntime", "inputs", "torch"):
+            raise ValueError("a tree verify graph is a torch graph with kv_cache 'static', heads 'onnxruntime' and "
+                             "positions 'inputs'")
         if (self.exporter == "builder") != (self.execution_provider is not None):
             raise ValueError("execution_provider is recorded exactly for exporter 'builder'")
         return self
@@ -134,6 +143,23 @@ class GraphEntry(_Closed):
     def runtime_inputs(self) -> set[str]:
         """The plain inputs the runtime feeds this graph (besides the KV cache and the head's inputs)."""
         return PLAIN_INPUTS | POSITION_INPUTS[self.positions]
+
+
+class KvCompactGraph(_Closed):
+    """kv_compact.onnx of a tree pack (graphs/kv_compact.py): attention_mask, path and past.* in, present.* out."""
+
+    path: RelPath
+    inputs: list[TensorSpec] = Field(max_length=4096)
+    outputs: list[TensorSpec] = Field(max_length=4096)
+
+
+class TreeForm(_Closed):
+    """A tree verify graph (docs/trees.md): verify.onnx takes `parents` [1, T] (T <= max_nodes) in place of
+    draft_probs and gives `path` [1, T + 1]; after each verify the runtime runs `kv_compact` over that path."""
+
+    max_nodes: Annotated[int, Field(ge=1, le=TREE_NODES_MAX)]
+    rules: list[Literal["greedy", "deterministic"]] = Field(min_length=1, max_length=len(TREE_RULES))
+    kv_compact: KvCompactGraph
 
 
 class Fidelity(_Open):
@@ -212,6 +238,16 @@ class ModelEntry(_Closed):
                                  f"expected {want[0]} .. {want[-1]}, found {len(have)} such tensors")
             for spec in have.values():
                 _check_kv_spec(spec, self)
+        if g.tree is not None:
+            compact = g.tree.kv_compact
+            want_in = {names.ATTENTION_MASK, names.PATH, *names.kv_names(self.num_layers, "past")}
+            if {s.name for s in compact.inputs} != want_in or \
+                    {s.name for s in compact.outputs} != set(names.kv_names(self.num_layers, "present")):
+                raise ValueError(f"tree.kv_compact's inputs must be {names.ATTENTION_MASK}, {names.PATH} and the past "
+                                 f"KV tensors, its outputs the present KV tensors (num_layers {self.num_layers})")
+            for spec in [*compact.inputs, *compact.outputs]:
+                if spec.name.startswith(("past_key_values.", "present.")):
+                    _check_kv_spec(spec, self)
         for specs in (g.inputs, g.outputs):
             seen = [s.name for s in specs]
             if len(seen) != len(set(seen)):
@@ -334,6 +370,8 @@ class Manifest(_Closed):
         if self.head is not None:
             _check_head(self.head, self.target, self.vocab_size)
         for role, model in self.models():
+            if role == "draft" and model.graph.tree is not None:
+                raise ValueError("only the target's graph can be a tree verify graph")
             _check_graph_names(role, model, self.vocab_size)
             if model.vocab_rows < self.vocab_size:
                 raise ValueError(f"vocab_size {self.vocab_size} is larger than the {role}'s vocab_rows {model.vocab_rows}")
@@ -371,6 +409,7 @@ class Manifest(_Closed):
     def loaded_files(self) -> list[str]:
         """Every file the runtime opens: graphs, their external data, the tokenizer's files and engines."""
         graphs = [p for g in self.graphs() for p in (g.path, *g.data_files)]
+        graphs += [g.tree.kv_compact.path for g in self.graphs() if g.tree is not None]
         return list(dict.fromkeys([*graphs, *TOKENIZER_FILES, *self.tokenizer_files, *(e.path for e in self.engines)]))
 
     def file_entry(self, relpath: str) -> FileEntry:
@@ -393,7 +432,7 @@ class Manifest(_Closed):
 
 def _check_graph_names(role: str, model: ModelEntry, vocab_size: int) -> None:
     """The names the runtime binds are in the graph; the q tensors are as wide as the vocabulary."""
-    extra_in, extra_out = ROLE_IO[role]
+    extra_in, extra_out = ROLE_IO["tree" if model.graph.tree is not None else role]
     inputs = {s.name: s for s in model.graph.inputs}
     outputs = {s.name: s for s in model.graph.outputs}
     fed = model.graph.runtime_inputs() | extra_in
@@ -435,6 +474,7 @@ def _check_files(manifest: Manifest) -> None:
     if unlisted:
         raise ValueError(f"files the runtime opens are not listed in files (so never checked): {unlisted[:5]}")
     graphs = {p for g in manifest.graphs() for p in (g.path, *g.data_files)}
+    graphs |= {g.tree.kv_compact.path for g in manifest.graphs() if g.tree is not None}
     shared = sorted((graphs | set(TOKENIZER_FILES) | set(manifest.tokenizer_files)) & {e.path for e in manifest.engines})
     if shared:  # an engine is executable code of its own: never a graph's or the tokenizer's file
         raise ValueError(f"engines name files that are graphs or tokenizer files: {shared[:5]}")

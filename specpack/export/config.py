@@ -15,7 +15,7 @@ from specpack.export.builder_export import (
     check_builder_quantization,
 )
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES, GraphForm, resolve_form
-from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, K_MAX, K_MIN, check_export_k
+from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, K_MAX, K_MIN, check_export_k, check_tree_nodes
 from specpack.quantize import modes
 
 # the CLI reads them here
@@ -50,11 +50,14 @@ class ExportConfig:
     graphs: str = "torch"             # who writes the plain graphs: "torch" (torch_export.py) or "builder"
                                       # (onnxruntime-genai's model builder, builder_export.py)
     execution_provider: str = "cpu"   # "cpu" or "cuda": what the builder builds for (--graphs builder only)
+    max_tree_nodes: int = 0           # > 0: the target's verify.onnx verifies token trees of up to this many nodes
+                                      # (docs/trees.md; static cache, torch graphs); 0: chains
 
     def __post_init__(self) -> None:
         if not self.kv_cache:  # the defaults are applied here, for the API and the CLI alike
             object.__setattr__(self, "kv_cache", default_kv_cache(self.form, self.graphs))
         check_export_k(self.k)
+        self._check_tree()
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
             raise SpecpackError("invalid --max-len", expected="an integer >= 2", found=repr(self.max_len))
         if self.dtype not in DTYPES:
@@ -86,6 +89,20 @@ class ExportConfig:
             if value == modes.GGUF and self.dequantize:
                 raise SpecpackError(f"{option} gguf contradicts --dequantize", expected="one of the two",
                                     found=f"{option} gguf --dequantize")
+
+    def _check_tree(self) -> None:
+        """--max-tree-nodes: a number in range, and a form the tree verify graph is built for."""
+        if not check_tree_nodes(self.max_tree_nodes):
+            return
+        refused = [(self.graphs != "torch", f"--graphs {self.graphs}", "--graphs torch"),
+                   (self.kv_cache != "static", f"--kv-cache {self.kv_cache}", "--kv-cache static"),
+                   (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime")]
+        for bad, found, expected in refused:
+            if bad:
+                raise SpecpackError(f"--max-tree-nodes cannot be exported with {found}: the tree verify graph is built "
+                                    "for torch graphs with the static KV cache so far", expected=expected, found=found,
+                                    hint="leave out --max-tree-nodes for this form (the builder's graphs, the concat "
+                                         "cache and the TensorRT heads are not built yet: docs/trees.md)")
 
     def _check_graphs(self) -> None:
         """--graphs / --ep, and what the builder cannot do (builder_export.py lists it)."""

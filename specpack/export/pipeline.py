@@ -8,6 +8,7 @@
          or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
       -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (export/writer.py, the schema in contract/)
+         (--max-tree-nodes T: the target's tree form + the tree head, and kv_compact.onnx; docs/trees.md)
 
 An n-gram pack (--drafter ngram) has no draft model: the draft's stages are skipped. A head pack (--draft-head HEAD)
 has none either: the head is checked against the target (its weights' hash) before anything is exported, the
@@ -108,9 +109,10 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
                 if record is not None:
                     quantization[role] = record
                 continue
+            tree = config.max_tree_nodes if role == "target" else 0
             with phase(f"exporting the {role} ({model_dir.name})", _log):
                 _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role],
-                           taps if role == "target" else ())
+                           taps if role == "target" else (), tree)
         graphs = dict(plain)
         for role, (src, model_dir) in roles.items():
             method = methods[role]
@@ -140,9 +142,16 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
         for role, graph_file in (("draft", DRAFT_STEP_FILE), ("target", VERIFY_FILE))[1 if draft_src is None else 0:]:
             if graphs[role] != plain[role]:
                 _remove_graph(plain[role])  # the unquantized intermediate: only the pack's graphs stay
+            tree = config.max_tree_nodes if role == "target" else 0
             with phase(f"attaching the {role}'s sampling and acceptance head ({graph_file})", _log):
                 _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size,
-                           forms[role].heads)
+                           forms[role].heads, tree)
+        if config.max_tree_nodes:
+            from specpack.graphs.kv_compact import write_kv_compact
+            from specpack.names import KV_COMPACT_FILE
+
+            write_kv_compact(staging / KV_COMPACT_FILE, target_info.num_layers, target_info.kv_heads,
+                             target_info.head_dim, config.dtype)
         if head_dir is not None:
             with phase("exporting the draft head's step graph", _log):
                 _run_stage(_export_head, config.isolate, head_dir, target_dir, staging / HEAD_STEP_FILE, config.dtype,
@@ -177,12 +186,13 @@ def _check_draft_source(draft_src: str | None, config: ExportConfig) -> None:
                             + ("without --draft" if draft_src is None else f"with --draft {draft_src}"))
 
 
-def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm, taps: tuple[int, ...] = ()) -> None:
+def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm, taps: tuple[int, ...] = (),
+                  tree_nodes: int = 0) -> None:
     """Stage 1: the plain forward graph (torch; the model's memory goes with the process); with `taps`, it also
-    outputs the features a draft head reads."""
+    outputs the features a draft head reads; tree_nodes > 0: the tree form (torch_export.py)."""
     from specpack.export.torch_export import export_plain_graph
 
-    export_plain_graph(model_dir, plain, dtype, form, taps)
+    export_plain_graph(model_dir, plain, dtype, form, taps, tree_nodes)
 
 
 def _check_head(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, Any]:
@@ -239,11 +249,15 @@ def _fidelity(graphs: dict[str, Path], plain: dict[str, Path], quantization: dic
     return measure_fidelity(inputs, prompt_texts(config.fidelity_prompts, config.fidelity_limit))
 
 
-def _attach(graph: Path, graph_out: Path, role: str, vocab_size: int, heads: str = "onnxruntime") -> None:
+def _attach(graph: Path, graph_out: Path, role: str, vocab_size: int, heads: str = "onnxruntime",
+            tree_nodes: int = 0) -> None:
     """Stage 4: the head (`heads`: the form's, graph_form.py) on top of the (quantized) plain graph; its weights
-    move to the head graph."""
-    from specpack.graphs.attach import build_draft_step_graph, build_verify_graph
+    move to the head graph. tree_nodes > 0: the tree verify head (the target's tree form)."""
+    from specpack.graphs.attach import build_draft_step_graph, build_tree_verify_graph, build_verify_graph
 
+    if tree_nodes:
+        build_tree_verify_graph(graph, graph_out, vocab_size, tree_nodes)
+        return
     build = build_draft_step_graph if role == "draft" else build_verify_graph
     build(graph, graph_out, vocab_size, heads)
 

@@ -14,6 +14,8 @@ so every run over S new tokens has the same shapes, whatever L is.
     gqa (com.microsoft.GroupQueryAttention, head_dim % 8 == 0):
         out, present_k, present_v = GroupQueryAttention(q, k, v, past_k, past_v,
                                         seqlens_k = total - 1, total_sequence_length = M)
+    token trees (the tree form, torch_export.py): the standard form ANDs tree_allowed [S, M] into its mask; the gqa
+    form passes tree_bias [1, 1, S, M] (0 / the dtype's lowest) as GroupQueryAttention's attention_bias
 
 Rows at or beyond L + S are never read, so a rollback is a length update. ScatterND writes in place when
 its data input and its output are one buffer (ONNX Runtime's CPU and CUDA kernels skip the copy when the
@@ -37,6 +39,8 @@ import torch
 from onnx.defs import OpSchema
 from onnxscript import opset20
 from onnxscript.values import Op, Opset
+
+from specpack.errors import SpecpackError
 
 ATTN_IMPLEMENTATION = "specpack_static"  # the name registered with transformers' AttentionInterface
 
@@ -82,6 +86,31 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: tor
     return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
+@torch.library.custom_op("specpack::group_query_attention_bias", mutates_args=())
+def group_query_attention_bias(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor,
+                               past_value: torch.Tensor, seqlens_k: torch.Tensor, attention_bias: torch.Tensor,
+                               num_heads: int, kv_num_heads: int,
+                               scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """group_query_attention with GroupQueryAttention's attention_bias [1, 1, S, M] (0 or the dtype's lowest: the
+    token tree's mask, tree_bias) added to the causal scores; no window."""
+    batch, seq, _ = query.shape
+    head_dim = past_key.shape[3]
+    q = query.view(batch, seq, num_heads, head_dim).transpose(1, 2)  # [1, Hq, S, D]
+    k = key.view(batch, seq, kv_num_heads, head_dim).transpose(1, 2)  # [1, Hkv, S, D]
+    v = value.view(batch, seq, kv_num_heads, head_dim).transpose(1, 2)
+    start = seqlens_k.to(torch.int64) + 1 - seq  # [1]
+    out, present_key, present_value = _standard(q, k, v, past_key, past_value, start, scale, None,
+                                                attention_bias[0, 0] == 0)
+    return out.reshape(batch, seq, num_heads * head_dim), present_key, present_value
+
+
+@group_query_attention_bias.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
+      seqlens_k: torch.Tensor, attention_bias: torch.Tensor, num_heads: int, kv_num_heads: int, scale: float
+      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
+
+
 # ----------------------------------------------------------------------------------- their ONNX translations
 
 op: Any = opset20  # untyped here: onnxscript's typed opsets do not follow the int64 shape arithmetic below
@@ -100,6 +129,19 @@ _GQA_SCHEMA = OpSchema(
                 OpSchema.Attribute("local_window_size", OpSchema.AttrType.INT, "")],
 )
 _GroupQueryAttention = Op(_MSFT, "GroupQueryAttention", _GQA_SCHEMA)
+_OPTIONAL = OpSchema.FormalParameterOption.Optional
+_GQA_BIAS_SCHEMA = OpSchema(  # the same op with its optional inputs up to attention_bias (ONNX Runtime's order)
+    "GroupQueryAttention", "com.microsoft", 1,
+    inputs=[*_GQA_SCHEMA.inputs, *(OpSchema.FormalParameter(name, type_str, param_option=_OPTIONAL)
+                                   for name, type_str in (("cos_cache", "T"), ("sin_cache", "T"),
+                                                          ("position_ids", "P"), ("attention_bias", "T")))],
+    outputs=list(_GQA_SCHEMA.outputs),
+    type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], ""),
+                      ("M", ["tensor(int32)"], ""), ("P", ["tensor(int64)"], "")],
+    attributes=[OpSchema.Attribute(name, OpSchema.AttrType.INT, "") for name in ("num_heads", "kv_num_heads")]
+    + [OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "")],
+)
+_GroupQueryAttentionBias = Op(_MSFT, "GroupQueryAttention", _GQA_BIAS_SCHEMA)
 
 
 def _kv_write_onnx(past: Any, new: Any, start: Any) -> Any:
@@ -125,9 +167,17 @@ def _gqa_onnx(query: Any, key: Any, value: Any, past_key: Any, past_value: Any, 
                                 kv_num_heads=kv_num_heads, scale=scale, local_window_size=local_window_size)
 
 
+def _gqa_bias_onnx(query: Any, key: Any, value: Any, past_key: Any, past_value: Any, seqlens_k: Any,
+                   attention_bias: Any, num_heads: int, kv_num_heads: int, scale: float) -> Any:
+    total = op.Cast(op.Squeeze(op.Shape(past_key, start=2, end=3)), to=6)  # int32 scalar: M (the bias's last dim)
+    return _GroupQueryAttentionBias(query, key, value, past_key, past_value, seqlens_k, total, None, None, None,
+                                    attention_bias, num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale)
+
+
 TRANSLATIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.ops.specpack.kv_write.default: _kv_write_onnx,
     torch.ops.specpack.group_query_attention.default: _gqa_onnx,
+    torch.ops.specpack.group_query_attention_bias.default: _gqa_bias_onnx,
 }
 
 
@@ -141,10 +191,11 @@ class StaticCacheState:
     form: str  # "gqa" | "standard"
     past: tuple[torch.Tensor, ...] = ()  # key_0, value_0, key_1, ...   [1, Hkv, M, D] each
     mask: torch.Tensor | None = None  # [1, M] int64: ones at [0, L + S)
+    allowed: torch.Tensor | None = None  # [S, M] bool: the token tree's restriction (tree_allowed); None: causal
     presents: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
-    def begin(self, mask: torch.Tensor, past: tuple[torch.Tensor, ...]) -> None:
-        self.mask, self.past, self.presents = mask, past, {}
+    def begin(self, mask: torch.Tensor, past: tuple[torch.Tensor, ...], allowed: torch.Tensor | None = None) -> None:
+        self.mask, self.past, self.allowed, self.presents = mask, past, allowed, {}
 
     def ordered_presents(self) -> list[torch.Tensor]:
         return [t for layer in sorted(self.presents) for t in self.presents[layer]]
@@ -164,7 +215,19 @@ def make_attention(state: StaticCacheState) -> Callable[..., tuple[torch.Tensor,
         window = kwargs.get("sliding_window")
         total = state.mask.sum(dim=-1)  # [1] L + S
         seq, num_heads, head_dim = query.shape[2], query.shape[1], query.shape[3]
-        if state.form == "gqa":
+        if state.allowed is not None and window:
+            _check_tree_window(module, window)
+            window = None
+        if state.form == "gqa" and state.allowed is not None:
+            kv_heads = past_key.shape[1]
+            out, present_key, present_value = torch.ops.specpack.group_query_attention_bias(
+                query.transpose(1, 2).reshape(1, seq, num_heads * head_dim),
+                key.transpose(1, 2).reshape(1, seq, kv_heads * head_dim),
+                value.transpose(1, 2).reshape(1, seq, kv_heads * head_dim),
+                past_key, past_value, (total - 1).to(torch.int32), tree_bias(state.allowed, query.dtype),
+                num_heads, kv_heads, scale)
+            out = out.view(1, seq, num_heads, head_dim)
+        elif state.form == "gqa":
             kv_heads = past_key.shape[1]
             out, present_key, present_value = torch.ops.specpack.group_query_attention(
                 query.transpose(1, 2).reshape(1, seq, num_heads * head_dim),
@@ -177,21 +240,35 @@ def make_attention(state: StaticCacheState) -> Callable[..., tuple[torch.Tensor,
         else:
             present_key, present_value = (torch.ops.specpack.kv_write(past, new, total - seq)
                                           for past, new in ((past_key, key), (past_value, value)))
-            out, _, _ = _standard(query, None, None, present_key, present_value, total - seq, scale, window)
+            out, _, _ = _standard(query, None, None, present_key, present_value, total - seq, scale, window,
+                                  state.allowed)
         state.presents[layer] = (present_key, present_value)
         return out, None  # [1, S, Hq, D]
 
     return attention
 
 
+def _check_tree_window(module: torch.nn.Module, window: int) -> None:
+    """A tree verify graph has no sliding window: a node's cache row is not its position, so a window counted in
+    rows would cut the wrong keys. A window no context can reach (>= max_position_embeddings, Mistral's default
+    4096 on short-context models) may be dropped; any other is refused."""
+    limit = getattr(getattr(module, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and window >= limit:
+        return
+    raise SpecpackError("the tree verify graph does not support sliding-window attention",
+                        expected=f"sliding_window >= max_position_embeddings ({limit})",
+                        found=f"sliding_window {window}", hint="export without --max-tree-nodes")
+
+
 def _standard(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None, cache_key: torch.Tensor,
-              cache_value: torch.Tensor, start: torch.Tensor, scale: float, window: int | None
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              cache_value: torch.Tensor, start: torch.Tensor, scale: float, window: int | None,
+              allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of query [1, Hq, S, D] (rows start..start+S-1) over a static cache [1, Hkv, M, D].
 
     key / value [1, Hkv, S, D] are written into the cache first (rows [start, start + S)), unless None
-    (already written). -> out [1, S, Hq, D], the cache key, the cache value. Grouped heads share a K / V head
-    through a reshape (query head h reads kv head h // G), never by repeating the cache."""
+    (already written). `allowed` [S, M] bool narrows the causal mask further (a token tree: tree_allowed).
+    -> out [1, S, Hq, D], the cache key, the cache value. Grouped heads share a K / V head through a reshape
+    (query head h reads kv head h // G), never by repeating the cache."""
     if key is not None and value is not None:
         cache_key = torch.ops.specpack.kv_write(cache_key, key, start)
         cache_value = torch.ops.specpack.kv_write(cache_value, value, start)
@@ -206,7 +283,62 @@ def _standard(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor
     visible = col <= row.unsqueeze(-1)  # [1, S, M] causal, and nothing at or past L + S
     if window:
         visible = visible & (col > row.unsqueeze(-1) - window)
+    if allowed is not None:
+        visible = visible & allowed.view(1, seq, max_len)
     scores = scores.masked_fill(~visible.view(1, 1, 1, seq, max_len), torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores.float(), dim=-1).to(query.dtype).view(1, kv_heads, groups * seq, max_len)
     out = torch.matmul(probs, cache_value)  # [1, Hkv, G*S, D]
     return out.view(1, num_heads, seq, head_dim).transpose(1, 2), cache_key, cache_value
+
+
+# ------------------------------------------------------------------------------------------- token trees
+
+
+def tree_ancestors(parents: torch.Tensor, rounds: int) -> torch.Tensor:
+    """tree_oracle.ancestors in torch: parents int64 [T] (topological, -1: the root) -> [T, T] bool, A[j, i] iff i is
+    j or an ancestor of j. Pointer doubling, unrolled `rounds` times (graphs/tree_head.py's ancestor_mask):
+
+        P = parents < 0 ? self : parents;  A = (i == j) or (i == P[j])
+        repeat rounds:  A = A | A[P];  P = P[P]
+    """
+    index = torch.arange(parents.shape[0], device=parents.device)  # [T]
+    up = torch.where(parents < 0, index, parents)  # [T] the root's children point at themselves
+    anc = (index.view(-1, 1) == index.view(1, -1)) | (up.view(-1, 1) == index.view(1, -1))  # [T, T]
+    for _ in range(rounds):
+        anc = anc | anc.index_select(0, up)
+        up = up.index_select(0, up)
+    return anc
+
+
+def tree_allowed(anc: torch.Tensor, seq: int, start: torch.Tensor, max_len: int) -> torch.Tensor:
+    """[S, M] bool: which cache rows each of the run's S rows may read beyond the causal mask. The run's last T rows
+    are the tree's nodes (cache rows first .. first + T - 1, first = start + S - T); a node reads a node row only
+    when that node is its ancestor or itself. Every other pair is left to the causal mask (True).
+
+        a[c]  = c - first if first <= c < first + T else T                      [M] node of cache row c (T: none)
+        ext   = [[1 (S-T rows, T+1 cols)], [A | 1]]                              [S, T+1]
+        allowed = ext[:, a]                                                      [S, M]
+    """
+    nodes = anc.shape[0]
+    first = start + seq - nodes  # [1]
+    node = torch.arange(max_len, device=anc.device) - first  # [M]
+    node = torch.where((node >= 0) & (node < nodes), node, torch.zeros_like(node) + nodes)
+    chain = torch.ones(seq - nodes, nodes + 1, dtype=torch.bool, device=anc.device)  # rows before the nodes
+    tree = torch.cat([anc, torch.ones(nodes, 1, dtype=torch.bool, device=anc.device)], dim=1)  # [T, T+1]
+    return torch.cat([chain, tree], dim=0).index_select(1, node)
+
+
+def tree_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """GroupQueryAttention's attention_bias from tree_allowed: [S, M] bool -> [1, 1, S, M], 0 where allowed, else the
+    dtype's lowest value (added to the causal scores: exp underflows to 0)."""
+    low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=allowed.device)
+    return torch.where(allowed, torch.zeros((), dtype=dtype, device=allowed.device), low)[None, None]
+
+
+def tree_positions(position_ids: torch.Tensor, anc: torch.Tensor) -> torch.Tensor:
+    """position_ids [1, S] with the last T (the nodes') replaced by the root's position + each node's depth: a node
+    sits where it would sit on its own root path. The root is row S - T - 1; a chain gets its own positions back."""
+    seq, nodes = position_ids.shape[1], anc.shape[0]
+    root = position_ids[:, seq - nodes - 1: seq - nodes]  # [1, 1]
+    depth = anc.sum(dim=1).view(1, -1)  # [1, T] 1 for the root's children
+    return torch.cat([position_ids[:, : seq - nodes], root + depth], dim=1)

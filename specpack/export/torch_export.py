@@ -20,6 +20,13 @@ The static form (kv_cache="static", names.py "Static KV cache form") has the sam
 M = max_len is the buffers' length (dim_param max_sequence_length), the mask holds ones at [0, L + S): the
 length is data, so every run over S tokens has the same shapes. static_attention.py has the two attention
 forms (GroupQueryAttention, or default-domain ops for any head size).
+
+The tree form (tree_nodes > 0: static cache, either attention; docs/trees.md) adds one input after the mask:
+
+    parents         [1, T]  int64, the last T of the S rows are a token tree's nodes (parents[i] < i, -1: the
+                            root, row S - T - 1); T = 0 .. tree_nodes (dim_param tree_nodes)
+    -> each node attends to the rows before the nodes and to its own ancestors' rows only, at position
+       position_ids[root] + depth (the nodes' own position_ids are not read); rows before the nodes are causal
 torch and transformers are imported inside functions only.
 """
 
@@ -38,6 +45,7 @@ from specpack.dtypes import DTYPES, GRAPH_DTYPES
 from specpack.errors import SpecpackError
 from specpack.export.graph_form import CONCAT, GraphForm
 from specpack.export.model_info import SUPPORTED_FAMILIES, ModelInfo, read_model_info
+from specpack.limits import check_tree_nodes
 
 if TYPE_CHECKING:
     import torch
@@ -46,19 +54,22 @@ OPSET = 20  # pinned: torch's default opset differs between versions
 # dim_params of the exported graph (optimum's names; MAX: the static buffers' length, max_len)
 BATCH, SEQ, PAST, TOTAL, MAX = ("batch_size", "sequence_length", "past_sequence_length", "total_sequence_length",
                                 "max_sequence_length")
+TREE = "tree_nodes"  # dim_param of `parents` in the tree form
 
 
 def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", form: GraphForm = CONCAT,
-                       taps: tuple[int, ...] = ()) -> ModelInfo:
+                       taps: tuple[int, ...] = (), tree_nodes: int = 0) -> ModelInfo:
     """Export `model_dir` to `out_onnx` plus one external data file `{out_onnx.name}.data` next to it. `taps`: also
     output `target_features` [B, S, len(taps) * hidden], the inputs of those layers (transformers' hidden_states[i])
-    concatenated: what a draft head reads (names.py, "Head packs")."""
+    concatenated: what a draft head reads (names.py, "Head packs"). tree_nodes > 0: the tree form (module
+    docstring), for trees of up to tree_nodes nodes."""
     if dtype not in DTYPES:
         raise SpecpackError(f"unsupported export dtype {dtype!r}", expected=f"one of {', '.join(DTYPES)}",
                             found=repr(dtype), hint="fp32 for CPU; fp16 or bf16 for GPUs")
     model_dir, out_onnx = Path(model_dir), Path(out_onnx)
     info = read_model_info(model_dir)
     form.check(info.head_dim)
+    check_tree_form(form, tree_nodes)
     out_onnx.parent.mkdir(parents=True, exist_ok=True)
     _log(f"exporting {out_onnx.stem} ({info.model_type}, {info.num_layers} layers, {dtype}, {form}) from "
          f"{model_dir} ...")
@@ -70,8 +81,9 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
         state = static_attention.StaticCacheState(form.attention)
         _register_static_attention(static_attention.make_attention(state))
         model = _load_model(model_dir, dtype, static_attention.ATTN_IMPLEMENTATION)
-        program = _export(_static_forward(model, state, taps), _static_example_inputs(info, dtype),
-                          _static_dynamic_shapes(info), info, static_attention.TRANSLATIONS, taps)
+        program = _export(_static_forward(model, state, taps, tree_nodes),
+                          _static_example_inputs(info, dtype, tree_nodes), _static_dynamic_shapes(info, tree_nodes),
+                          info, static_attention.TRANSLATIONS, taps, tree_nodes)
     else:
         model = _load_model(model_dir, dtype, "eager")
         program = _export(_plain_forward(model, taps), _example_inputs(info, dtype), _dynamic_shapes(info), info, None,
@@ -81,10 +93,22 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
     del program
     gc.collect()
 
-    _check_graph(out_onnx, info, dtype, form, taps)
+    _check_graph(out_onnx, info, dtype, form, taps, tree_nodes)
     size = (out_onnx.stat().st_size + _data_path(out_onnx).stat().st_size) / 2**20
     _log(f"exported {out_onnx.stem} in {time.perf_counter() - start:.1f} s: {out_onnx} ({size:.0f} MiB)")
     return info
+
+
+def check_tree_form(form: GraphForm, tree_nodes: int) -> None:
+    """A SpecpackError unless tree_nodes is 0 (no tree) or 1..MAX_NODES with a form the tree verify graph has."""
+    if not check_tree_nodes(tree_nodes):
+        return
+    if (form.kv_cache, form.heads) != ("static", "onnxruntime"):
+        raise SpecpackError("the tree verify graph is built for the static KV cache with onnxruntime heads only",
+                            expected="--kv-cache static --form onnxruntime",
+                            found=f"--kv-cache {form.kv_cache} --form {form.heads}",
+                            hint="pass --kv-cache static, or drop --max-tree-nodes (the concat cache and the "
+                                 "TensorRT heads are not built yet)")
 
 
 def _log(line: str) -> None:
@@ -201,10 +225,30 @@ def _dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
             tuple([{0: batch, 2: past}] * (2 * info.num_layers)))
 
 
-def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = ()) -> torch.nn.Module:
+def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = (), tree_nodes: int = 0
+                    ) -> torch.nn.Module:
     """Wrap `model` as forward(input_ids, position_ids, attention_mask [1, M], *past [1, H, M, D]) ->
-    (logits, *present): the attention registered for `state` writes each layer's new rows into its past."""
+    (logits, *present): the attention registered for `state` writes each layer's new rows into its past.
+    tree_nodes > 0: forward(input_ids, position_ids, attention_mask, parents [1, T], *past), the tree form."""
     import torch
+
+    from specpack.export import static_attention as sa
+    from specpack.graphs.tree_head import doubling_rounds
+
+    class StaticTreeForward(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    parents: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            seq = input_ids.shape[1]
+            anc = sa.tree_ancestors(parents[0], doubling_rounds(tree_nodes))  # [T, T]
+            start = attention_mask.sum(dim=-1) - seq  # [1] L
+            state.begin(attention_mask, past, sa.tree_allowed(anc, seq, start, attention_mask.shape[1]))
+            out = self.lm(input_ids=input_ids, position_ids=sa.tree_positions(position_ids, anc), use_cache=False,
+                          output_hidden_states=bool(taps))
+            return (out.logits, *_features(out, taps), *state.ordered_presents())  # [1, S, V], [1, S, F], [1, H, M, D]
 
     class StaticForward(torch.nn.Module):
         def __init__(self, lm: torch.nn.Module):
@@ -219,38 +263,44 @@ def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = 
                           output_hidden_states=bool(taps))
             return (out.logits, *_features(out, taps), *state.ordered_presents())  # [1, S, V], [1, S, F], [1, H, M, D]
 
-    return StaticForward(model).eval()
+    return (StaticTreeForward(model) if tree_nodes else StaticForward(model)).eval()
 
 
-def _static_example_inputs(info: ModelInfo, dtype: str) -> tuple[Any, ...]:
-    """Tracing inputs for the static form: batch 1 (kept static), S = 3 new tokens after L = 2, M = 7."""
+def _static_example_inputs(info: ModelInfo, dtype: str, tree_nodes: int = 0) -> tuple[Any, ...]:
+    """Tracing inputs for the static form: batch 1 (kept static), S = 3 new tokens after L = 2, M = 7; the tree
+    form: S = 6 after L = 2, M = 11, the last T = 4 rows a tree (parents -1, 0, 0, 1)."""
     import torch
 
-    seq, past, max_len = 3, 2, 7
+    seq, past, max_len = (6, 2, 11) if tree_nodes else (3, 2, 7)
     mask = torch.zeros(1, max_len, dtype=torch.int64)
     mask[:, : past + seq] = 1
     kv = (1, info.kv_heads, max_len, info.head_dim)
+    tree = [torch.tensor([[-1, 0, 0, 1]])] if tree_nodes else []  # parents [1, T]
     return (
         torch.zeros(1, seq, dtype=torch.int64),  # input_ids       [1, S]
         torch.arange(past, past + seq)[None],  # position_ids    [1, S]
         mask,  # attention_mask  [1, M]
+        *tree,
         *[torch.zeros(kv, dtype=getattr(torch, GRAPH_DTYPES[dtype].torch)) for _ in range(2 * info.num_layers)],
     )
 
 
-def _static_dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
+def _static_dynamic_shapes(info: ModelInfo, tree_nodes: int = 0) -> tuple[Any, ...]:
     from torch.export import Dim
 
     seq, max_len = Dim(SEQ), Dim(MAX)
-    return ({1: seq}, {1: seq}, {1: max_len}, tuple([{2: max_len}] * (2 * info.num_layers)))
+    tree = [{1: Dim(TREE)}] if tree_nodes else []
+    return ({1: seq}, {1: seq}, {1: max_len}, *tree, tuple([{2: max_len}] * (2 * info.num_layers)))
 
 
 def _export(forward: torch.nn.Module, example: tuple[Any, ...], dynamic_shapes: tuple[Any, ...], info: ModelInfo,
-            translations: dict[Any, Any] | None, taps: tuple[int, ...] = ()) -> Any:
+            translations: dict[Any, Any] | None, taps: tuple[int, ...] = (), tree_nodes: int = 0) -> Any:
     """torch.onnx.export (dynamo) of a plain forward wrapper; returns the torch.onnx.ONNXProgram."""
     import torch
 
-    input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *names.kv_names(info.num_layers, "past")]
+    tree = [names.PARENTS] if tree_nodes else []
+    input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *tree,
+                   *names.kv_names(info.num_layers, "past")]
     output_names = [names.LOGITS, *([names.TARGET_FEATURES] if taps else []), *names.kv_names(info.num_layers, "present")]
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
     level = registration.level
@@ -281,7 +331,8 @@ def _save(program: Any, out_onnx: Path) -> None:
     ir.save(program.model, out_onnx, external_data=data.name, size_threshold_bytes=1024)
 
 
-def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm, taps: tuple[int, ...] = ()) -> None:
+def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm, taps: tuple[int, ...] = (),
+                 tree_nodes: int = 0) -> None:
     """The saved graph's I/O names, types and fixed dims are the contract's; weights live in one data file."""
     import onnx
 
@@ -295,6 +346,7 @@ def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm, t
     want_in: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
         names.INPUT_IDS: (int64, (batch, SEQ)), names.POSITION_IDS: (int64, (batch, SEQ)),
         names.ATTENTION_MASK: (int64, (batch, MAX if static else TOTAL)),
+        **({names.PARENTS: (int64, (1, TREE))} if tree_nodes else {}),
         **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
     want_out: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
         names.LOGITS: (GRAPH_DTYPES[dtype].onnx, (batch, SEQ, info.vocab_rows)),

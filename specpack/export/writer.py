@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from specpack import __version__
 from specpack.contract.manifest import (
     MANIFEST_FILE,
+    TREE_RULES,
     FileEntry,
     GraphEntry,
     HeadEntry,
@@ -63,7 +64,7 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len:
         draft=None if draft is None else _model_entry(pack_dir, DRAFT_STEP_FILE, *draft, config.dtype, forms.get("draft"),
                                                       quantization.get("draft"), graph_record),
         target=_model_entry(pack_dir, VERIFY_FILE, *target, config.dtype, forms.get("target"), quantization.get("target"),
-                            graph_record),
+                            graph_record, config.max_tree_nodes),
         vocab_size=vocab_size,
         eos_token_ids=sorted(tokenizer.eos_token_ids),
         k_max=config.k,
@@ -92,23 +93,30 @@ def head_entry(pack_dir: Path, record: dict[str, Any], dtype: str) -> HeadEntry:
 
 def _model_entry(pack_dir: Path, graph_file: str, source: dict[str, Any], info: ModelInfo, dtype: str,
                  form: GraphForm | None, quantization: dict[str, Any] | None,
-                 graph_record: dict[str, str] | None = None) -> ModelEntry:
+                 graph_record: dict[str, str] | None = None, tree_nodes: int = 0) -> ModelEntry:
     return ModelEntry.model_validate({
         "source": SourceRecord(**source), "model_type": info.model_type, "num_layers": info.num_layers,
         "kv_heads": info.kv_heads, "head_dim": info.head_dim, "vocab_rows": info.vocab_rows,
         "max_positions": info.max_positions, "dtype": dtype,
-        "graph": graph_entry(pack_dir, graph_file, form, graph_record), "quantization": quantization})
+        "graph": graph_entry(pack_dir, graph_file, form, graph_record, tree_nodes), "quantization": quantization})
 
 
 def graph_entry(pack_dir: Path, graph_file: str, form: GraphForm | None = None,
-                graph_record: dict[str, str] | None = None) -> GraphEntry:
+                graph_record: dict[str, str] | None = None, tree_nodes: int = 0) -> GraphEntry:
     """I/O spec, external data files and form (None: concat) of a graph, read without loading its weights.
     `positions` says whether the graph takes position_ids ("inputs") or computes them from the static mask
-    ("internal": the builder's GroupQueryAttention); graph_record: `exporter` / `execution_provider`."""
+    ("internal": the builder's GroupQueryAttention); graph_record: `exporter` / `execution_provider`;
+    tree_nodes > 0: a tree verify graph, with kv_compact.onnx beside it (`tree`)."""
     import onnx
 
     from specpack import names
 
+    tree = {}
+    if tree_nodes:
+        compact = onnx.load(str(pack_dir / names.KV_COMPACT_FILE), load_external_data=False)
+        tree = {"tree": {"max_nodes": tree_nodes, "rules": list(TREE_RULES), "kv_compact": {
+            "path": names.KV_COMPACT_FILE, "inputs": [_spec(v) for v in compact.graph.input],
+            "outputs": [_spec(v) for v in compact.graph.output]}}}
     model = onnx.load(str(pack_dir / graph_file), load_external_data=False)
     data_files = sorted({entry.value for init in model.graph.initializer for entry in init.external_data
                          if entry.key == "location"})
@@ -117,7 +125,7 @@ def graph_entry(pack_dir: Path, graph_file: str, form: GraphForm | None = None,
     return GraphEntry.model_validate({
         "path": graph_file, "data_files": data_files, "inputs": [_spec(v) for v in model.graph.input],
         "outputs": [_spec(v) for v in model.graph.output], **form_fields,
-        "positions": "inputs" if takes_positions else "internal", **(graph_record or {})})
+        "positions": "inputs" if takes_positions else "internal", **(graph_record or {}), **tree})
 
 
 def _spec(value: Any) -> TensorSpec:

@@ -38,6 +38,7 @@ from specpack.graphs.heads import (
 )
 from specpack.graphs.onnx_builder import GraphBuilder, Value
 from specpack.graphs.prune_logits import LmHead, find_lm_head, slice_lm_head_input
+from specpack.graphs.tree_head import add_tree_verify_head, tree_verify_head_io
 
 TRANSFORMS: dict[str, Transform] = {"onnxruntime": sampling_graph.transform, "tensorrt": sampling_trt.transform}
 MIN_OPSET = 18  # ReduceMax / ReduceMin take axes as an input from opset 18
@@ -58,17 +59,26 @@ def build_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads:
     _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, verify_head_io(vocab_size))
 
 
+def build_tree_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, max_nodes: int) -> None:
+    """verify.onnx of a tree pack: the target's tree form (torch_export.py: it takes `parents`) + the tree verify head
+    (tree_head.py) in place of the chain head, reading the same `parents` (docs/trees.md)."""
+    add_head = partial(add_tree_verify_head, max_nodes=max_nodes)
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, tree_verify_head_io(), shared={names.PARENTS})
+
+
 def build_draft_step_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads: str = "onnxruntime") -> None:
     """draft_step.onnx: the draft forward + sampling transform + draw (names.py, "Draft step graph")."""
     add_head = partial(add_draft_head, transform=TRANSFORMS[heads])
     _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, draft_head_io(vocab_size))
 
 
-def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: HeadIO) -> None:
+def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: HeadIO,
+            shared: frozenset[str] | set[str] = frozenset()) -> None:
+    """`shared`: head inputs the plain graph must already have (the tree's parents), read by both."""
     # import
     model = onnx.load(str(plain), load_external_data=False)
     graph = model.graph
-    opset, logits_type, model_vocab = _check_plain(model, plain, io, vocab_size)
+    opset, logits_type, model_vocab = _check_plain(model, plain, io, vocab_size, shared)
     # edit: hidden [1, S, H] -> last rows [1, rows, H] -> lm_head -> logits [1, rows, V_model]
     #       -> [1, rows, vocab_size] -> head
     b = GraphBuilder(opset)
@@ -94,7 +104,7 @@ def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: Head
     if isinstance(lm_head, LmHead):
         slice_lm_head_input(graph, lm_head, before_lm_head, sliced)
     graph.node.extend(b.nodes)  # cleanup / toposort: the head only reads values made earlier, so appending
-    graph.input.extend(io.inputs)  # keeps the order; `logits` stays, as an internal value
+    graph.input.extend(i for i in io.inputs if i.name not in shared)  # keeps the order; `logits` stays internal
     kept = [o for o in graph.output if o.name != names.LOGITS]
     del graph.output[:]
     graph.output.extend([*io.outputs, *kept])
@@ -128,7 +138,8 @@ def _check_model(path: Path) -> None:
         copy.unlink(missing_ok=True)
 
 
-def _check_plain(model: onnx.ModelProto, plain: Path, io: HeadIO, vocab_size: int) -> tuple[int, int, int | None]:
+def _check_plain(model: onnx.ModelProto, plain: Path, io: HeadIO, vocab_size: int,
+                 shared: frozenset[str] | set[str] = frozenset()) -> tuple[int, int, int | None]:
     """The plain graph's default-domain opset, its logits' dtype and vocabulary size (None if symbolic)."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if opset < MIN_OPSET:
@@ -139,9 +150,14 @@ def _check_plain(model: onnx.ModelProto, plain: Path, io: HeadIO, vocab_size: in
     if names.LOGITS not in outputs or names.INPUT_IDS not in inputs:
         raise SpecpackError(f"{plain}: not a plain forward graph", expected=f"input {names.INPUT_IDS!r}, "
                             f"output {names.LOGITS!r}", found=f"inputs {inputs}, outputs {list(outputs)}")
-    taken = [i.name for i in io.inputs if i.name in inputs] + [o.name for o in io.outputs if o.name in outputs]
+    taken = [i.name for i in io.inputs if i.name in inputs and i.name not in shared]
+    taken += [o.name for o in io.outputs if o.name in outputs]
     if taken:
         raise SpecpackError(f"{plain}: already has the head's inputs or outputs", found=", ".join(taken))
+    lacking = sorted(set(shared) - set(inputs))
+    if lacking:
+        raise SpecpackError(f"{plain}: lacks inputs its head shares with it", expected=", ".join(sorted(shared)),
+                            found=f"inputs {inputs[:8]}", hint="export the target with --max-tree-nodes")
     tensor_type = outputs[names.LOGITS].type.tensor_type
     if tensor_type.elem_type not in BY_ONNX:
         raise SpecpackError(f"{plain}: unsupported logits dtype", expected=" / ".join(d.element for d in BY_ONNX.values()),

@@ -30,8 +30,9 @@ from specpack import names
 from specpack.graphs import sampling_graph as sg
 from specpack.graphs.heads import HeadIO, Transform, head_model
 from specpack.graphs.onnx_builder import FLOAT, INT64, INT64_MAX, GraphBuilder, Value, tensor_info
+from specpack.limits import TREE_NODES_MAX
 
-MAX_NODES = 64  # the most nodes a tree head is built for (spec-export --max-tree-nodes, issue 23)
+MAX_NODES = TREE_NODES_MAX  # the most nodes a tree head is built for (spec-export --max-tree-nodes, issue 23)
 
 
 def doubling_rounds(max_nodes: int) -> int:

@@ -1,0 +1,82 @@
+"""kv_compact.onnx: after a tree verify, move the accepted path's cache rows into place (static KV cache, in place).
+
+A tree verify writes its T + 1 rows (root, then node i at row i + 1) into cache rows R .. R + T in node order,
+R the root's cache row. The accepted path (the tree head's `path`: 0, then node + 1 per accepted node, -1 padded)
+must end up as a chain, rows R .. R + n; every other row past R + n is dropped by the length update that follows.
+Fixed shapes (T + 1 rows moved every time, the padding onto itself), the indices as data, no If / Loop: one
+CUDA-graph capture per tree size. Bound like the verify's cache: each present.* onto its past_key_values.* buffer.
+
+    attention_mask  int64 [1, M]            the mask the verify ran with: ones at [0, R + T + 1)
+    path            int64 [1, T+1]          the verify's output, unchanged
+    past_key_values.{i}.key|value  [1, Hkv, M, D]   (the verify's present buffers)
+    -> present.{i}.key|value       [1, Hkv, M, D]   the same buffers: rows R + d <- rows R + path[d], d <= n
+
+        R    = ReduceSum(attention_mask) - (T + 1)                      [1]    the root's cache row
+        d    = Range(0, T + 1)                                          [T+1]  (from shapes: a host value)
+        src  = R + (path >= 0 ? path : d)                               [T+1]  padding: a row onto itself
+        dst  = R + d                                                    [T+1]
+        idx  = (0, h, dst[t]) for h < Hkv, t <= T                       [1, Hkv, T+1, 3]
+        per cache tensor:  present = ScatterND(past, idx, Gather(past, src, axis=2))
+
+Every source is read (Gather) before anything is written (ScatterND depends on it), and the destinations are
+distinct, so the result does not depend on the order rows are written in; path[d] >= d (topological order), so no
+row is written before it is read even by a kernel that streamed. ONNX Runtime's ScatterND writes in place when
+its data input and output are one buffer (docs/static_kv_cache.md). A chain's path (0, 1, .., n, -1 ..) moves
+nothing: the runtime may skip the call then.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+from onnx import TensorProto, helper
+
+from specpack import names
+from specpack.graphs.onnx_builder import INT64, GraphBuilder, Value, tensor_info
+
+_ELEM_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
+# dim_params (the verify's: torch_export.MAX; the path's as in tree_head.tree_verify_head_io)
+MAX, PATH_ROWS = "max_sequence_length", "T_plus_1"
+
+
+def kv_compact_model(num_layers: int, kv_heads: int, head_dim: int, dtype: str = "fp32",
+                     opset: int = 18) -> onnx.ModelProto:
+    """The compaction graph for a static cache of `num_layers` layers of [1, kv_heads, M, head_dim] (module docstring)."""
+    b = GraphBuilder(opset)
+    rows = b.op("Shape", names.PATH, start=1, end=2)  # [1] T + 1
+    root = b.op("Sub", b.reduce("ReduceSum", names.ATTENTION_MASK, axis=1, keepdims=False), rows)  # [1] R
+    step = b.op("Range", b.const(0), b.op("Squeeze", rows, b.const([0])), b.const(1))  # [T+1] d
+    path = b.op("Squeeze", names.PATH, b.const([0]))  # [T+1]
+    source = b.op("Add", root, b.op("Where", b.op("Less", path, b.const(0)), step, path))  # [T+1] R + path[d]
+    indices = _row_indices(b, b.op("Add", root, step), kv_heads)  # [1, Hkv, T+1, 3] (0, h, R + d)
+    for past, present in zip(names.kv_names(num_layers, "past"), names.kv_names(num_layers, "present"), strict=True):
+        moved = b.op("Gather", past, source, axis=2)  # [1, Hkv, T+1, D]
+        b.op("ScatterND", past, indices, moved)
+        b.nodes[-1].output[0] = present
+    elem = _ELEM_TYPES[dtype]
+    kv: list[int | str] = [1, kv_heads, MAX, head_dim]
+    inputs = [tensor_info(names.ATTENTION_MASK, INT64, [1, MAX]), tensor_info(names.PATH, INT64, [1, PATH_ROWS]),
+              *(tensor_info(name, elem, kv) for name in names.kv_names(num_layers, "past"))]
+    outputs = [tensor_info(name, elem, kv) for name in names.kv_names(num_layers, "present")]
+    model = helper.make_model(helper.make_graph(b.nodes, "kv_compact", inputs, outputs),
+                              opset_imports=[helper.make_opsetid("", opset)], producer_name="specpack")
+    model.ir_version = min(model.ir_version, 10)  # what onnxruntime >= 1.20 reads
+    onnx.checker.check_model(model)
+    return model
+
+
+def write_kv_compact(out: Path, num_layers: int, kv_heads: int, head_dim: int, dtype: str = "fp32") -> Path:
+    """kv_compact.onnx for one model's cache geometry, written to `out`; returns `out`."""
+    onnx.save_model(kv_compact_model(num_layers, kv_heads, head_dim, dtype), str(out))
+    return out
+
+
+def _row_indices(b: GraphBuilder, dst: Value, kv_heads: int) -> Value:
+    """ScatterND indices (0, h, dst[t]) for every head h and row t: dst int64 [N] -> [1, kv_heads, N, 3]."""
+    count = b.op("Shape", dst)  # [1] N
+    grid = b.op("Concat", b.const([1, kv_heads]), count, b.const([1]), axis=0)  # [1, Hkv, N, 1]
+    head = b.const(list(range(kv_heads)))  # [Hkv]
+    head = b.op("Expand", b.op("Reshape", head, b.const([1, -1, 1, 1])), grid)
+    row = b.op("Expand", b.op("Reshape", dst, b.const([1, 1, -1, 1])), grid)
+    return b.op("Concat", b.op("Expand", b.const([0]), grid), head, row, axis=-1)

@@ -1,0 +1,74 @@
+"""spec-export --max-tree-nodes: the forms it is refused for (exit 2: expected / found / hint), and a tiny tree pack's
+manifest (the tree record, kv_compact.onnx listed and hashed, verify.onnx's I/O)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import pytest
+from click.testing import CliRunner
+
+from specpack import names
+from specpack.cli.main import spec_export
+from specpack.contract.manifest import Manifest
+from specpack.errors import SpecpackError
+from specpack.export.config import ExportConfig
+
+
+@pytest.mark.parametrize(("options", "found"), [
+    ({"kv_cache": "concat"}, "--kv-cache concat"),
+    ({"graphs": "builder"}, "--graphs builder"),
+    ({"kv_cache": "static", "form": "tensorrt"}, "--form tensorrt"),
+])
+def test_tree_refused_for_other_forms(options: dict[str, str], found: str) -> None:
+    with pytest.raises(SpecpackError, match="--max-tree-nodes") as err:
+        ExportConfig(max_tree_nodes=8, **options)  # type: ignore[arg-type]
+    assert err.value.found == found and err.value.hint and "not built yet" in err.value.hint
+
+
+@pytest.mark.parametrize("nodes", [-1, 65, True])
+def test_tree_nodes_out_of_range(nodes: object) -> None:
+    with pytest.raises(SpecpackError, match="invalid --max-tree-nodes"):
+        ExportConfig(max_tree_nodes=nodes, kv_cache="static")  # type: ignore[arg-type]
+
+
+def test_cli_refuses_concat_trees(tmp_path: Path, tiny_pairs) -> None:
+    draft, target = tiny_pairs("qwen2")
+    result = CliRunner().invoke(spec_export, ["--draft", str(draft), "--target", str(target), "-o", str(tmp_path / "p"),
+                                              "--kv-cache", "concat", "--max-tree-nodes", "8"])
+    text = result.output + (result.stderr if result.stderr_bytes else "")
+    assert result.exit_code == 2 and "Traceback" not in text, text
+    for fragment in ("--max-tree-nodes", "expected", "--kv-cache static", "found", "--kv-cache concat", "hint"):
+        assert fragment in text, text
+    assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.slow  # a whole tiny export, both models (about 35 s on the shared 2-core VM)
+def test_tree_pack_manifest(tiny_export) -> None:
+    pack = tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)
+    manifest = Manifest.read(pack)
+    graph = manifest.target.graph
+    assert graph.tree is not None and graph.tree.max_nodes == 16 and graph.tree.rules == ["greedy", "deterministic"]
+    assert graph.kv_cache == "static" and manifest.draft.graph.tree is None
+    assert names.KV_COMPACT_FILE in {f.path for f in manifest.files} and names.KV_COMPACT_FILE in manifest.loaded_files()
+    inputs = {s.name: s for s in graph.inputs}
+    assert inputs[names.PARENTS].shape == [1, "tree_nodes"] and names.DRAFT_PROBS not in inputs
+    assert {s.name for s in graph.outputs} >= {names.N_ACCEPTED, names.NEXT_TOKEN, names.PATH}
+    onnx.checker.check_model(str(pack / names.KV_COMPACT_FILE))
+    # a chain pack of the same pair has none of it
+    chain = Manifest.read(tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static"))
+    assert chain.target.graph.tree is None and names.PARENTS not in {s.name for s in chain.target.graph.inputs}
+
+
+def test_tree_refuses_a_sliding_window_that_binds() -> None:
+    """A window counted in cache rows would cut a tree node's keys wrongly: refused, unless no context reaches it."""
+    from types import SimpleNamespace
+
+    from specpack.export.static_attention import _check_tree_window
+
+    module = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=256))
+    _check_tree_window(module, 4096)  # type: ignore[arg-type]  # Mistral's default on a short-context model
+    with pytest.raises(SpecpackError, match="sliding-window") as err:
+        _check_tree_window(module, 128)  # type: ignore[arg-type]
+    assert err.value.found == "sliding_window 128"
