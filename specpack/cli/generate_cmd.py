@@ -66,13 +66,14 @@ def _print_piece(text: str) -> None:
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
 def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, max_new_tokens: int, k_text: str,
-                     drafter: str | None, ngram_min: int, ngram_max: int, chat: bool, temperature: float, top_k: int,
-                     top_p: float, seed: int | None, device: str, threads: int | None, as_json: bool,
-                     manifest_sha256: str | None) -> None:
+                     drafter: str | None, ngram_min: int, ngram_max: int, ngram_width: int, chat: bool,
+                     temperature: float, top_k: int, top_p: float, seed: int | None, device: str, threads: int | None,
+                     as_json: bool, manifest_sha256: str | None) -> None:
     """Generate a completion with speculative decoding."""
     request = GenerateRequest.of(read_prompt(prompt, prompt_file), max_new_tokens, k=parse_k(k_text), drafter=drafter,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
-    ngram = ngram_config(ngram_min, ngram_max)  # the request is checked before the pack loads; the pack's limits then
+    # the request is checked before the pack loads; the pack's limits then
+    ngram = ngram_config(ngram_min, ngram_max, ngram_width)
     loaded, load_s = load_pack_visibly(pack, quiet=as_json, device=device, threads=threads,
                                        manifest_sha256=manifest_sha256, ngram=ngram)
     out = loaded.generate_request(request, on_text=None if as_json else _print_piece)

@@ -1,7 +1,7 @@
-"""Options that several commands share, each defined once: `--k` (run time), `--drafter`, `--ngram-min/--ngram-max`.
+"""Options that several commands share, each defined once: `--k` (run time), `--drafter`, `--ngram-min/--ngram-max/--ngram-width`.
 
-    @k_option @drafter_option @ngram_options          -> k_text: str, drafter: str | None, ngram_min, ngram_max: int
-    parse_k(k_text) -> int | None (None: auto);  ngram_config(ngram_min, ngram_max) -> NgramConfig (checked there)
+    @k_option @drafter_option @ngram_options          -> k_text: str, drafter: str | None, ngram_min, ngram_max, ngram_width: int
+    parse_k(k_text) -> int | None (None: auto);  ngram_config(ngram_min, ngram_max, ngram_width) -> NgramConfig (checked there)
 """
 
 from __future__ import annotations
@@ -24,16 +24,20 @@ k_option = click.option(
 
 drafter_option = click.option(
     "--drafter", type=click.Choice(DRAFTERS), default=None,
-    help="Who drafts: the pack's draft model, or prompt lookup (n-gram, no model). Default: the pack's own.")
+    help="Who drafts: the pack's draft model, prompt lookup (n-gram, no model), or the pack's draft head. Default: the "
+         "pack's own.")
 
 
 def ngram_options(fn: F) -> F:
     """--ngram-min and --ngram-max, the n-gram drafter's range (NgramConfig's defaults)."""
     fn = click.option("--ngram-min", type=int, default=NGRAM.n_min, show_default=True,
                       help="n-gram drafter: the shortest context suffix looked up.")(fn)
-    return click.option("--ngram-max", type=int, default=NGRAM.n_max, show_default=True,
-                        help="n-gram drafter: the longest context suffix looked up (tried first).")(fn)
+    fn = click.option("--ngram-max", type=int, default=NGRAM.n_max, show_default=True,
+                      help="n-gram drafter: the longest context suffix looked up (tried first).")(fn)
+    return click.option("--ngram-width", type=int, default=NGRAM.width, show_default=True,
+                        help="n-gram drafter: earlier occurrences merged into a token tree, verified in one pass "
+                             "(a pack exported with --max-tree-nodes; docs/trees.md). 1: a chain.")(fn)
 
 
-def ngram_config(ngram_min: int, ngram_max: int) -> NgramConfig:
-    return NgramConfig(ngram_min, ngram_max)
+def ngram_config(ngram_min: int, ngram_max: int, ngram_width: int = NGRAM.width) -> NgramConfig:
+    return NgramConfig(ngram_min, ngram_max, ngram_width)

@@ -43,11 +43,12 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
 def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, drafter: str | None, ngram_min: int,
-                  ngram_max: int, max_queue: int, timeout_s: float, shutdown_grace_s: float, model_name: str | None,
-                  max_body_bytes: int, read_timeout_s: float, max_connections: int, manifest_sha256: str | None) -> None:
+                  ngram_max: int, ngram_width: int, max_queue: int, timeout_s: float, shutdown_grace_s: float,
+                  model_name: str | None, max_body_bytes: int, read_timeout_s: float, max_connections: int,
+                  manifest_sha256: str | None) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
     config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), drafter=drafter,
-                         ngram=ngram_config(ngram_min, ngram_max), max_queue=max_queue,
+                         ngram=ngram_config(ngram_min, ngram_max, ngram_width), max_queue=max_queue,
                          timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
                          max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s, max_connections=max_connections,
                          manifest_sha256=manifest_sha256)

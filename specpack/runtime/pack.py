@@ -105,6 +105,12 @@ class Pack:
                  drafter: Drafter | None = None, ngram: NgramConfig | None = None) -> None:
         """`drafter` replaces the pack's default drafter (the manifest's: "model" or "ngram")."""
         self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
+        if ngram is not None and ngram.width > 1 and manifest.target.graph.tree is None:
+            raise SpecpackError("token trees need a pack whose verify graph takes trees",
+                                expected="a pack exported with --max-tree-nodes (docs/trees.md)",
+                                found=f"n-gram width {ngram.width}, a pack without a tree verify graph",
+                                hint="use --ngram-width 1 (chains), or re-export with --kv-cache static "
+                                     "--max-tree-nodes 16")
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(ngram)}
         if manifest.drafter == "model":
             self.drafters["model"] = ModelDrafter(backend.draft)

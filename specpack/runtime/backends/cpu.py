@@ -114,27 +114,52 @@ class OrtTarget(_OrtModel):
     token out (and, in a head pack, each row's target_features, written at its position: docs/heads.md)."""
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, positions: bool = True,
-                 features: list[np.ndarray] | None = None) -> None:
-        """features: per slot [1, max_len + k_max + 1, F], the rows a head reads (None: the graph has no features)."""
+                 features: list[np.ndarray] | None = None, tree_nodes: int = 0) -> None:
+        """features: per slot [1, max_len + k_max + 1, F], the rows a head reads (None: the graph has no features);
+        tree_nodes: the tree form's most nodes (0: the chain form; docs/trees.md)."""
         super().__init__(graph, caches, constants, positions)
         self._outputs = [{names.N_ACCEPTED: np.zeros(1, np.int64), names.NEXT_TOKEN: np.zeros(1, np.int64)}
                          for _ in caches]  # [1] each, per slot
         self.features = features
+        self.tree_nodes = tree_nodes
+        self._chain = np.arange(-1, tree_nodes - 1, dtype=np.int64)[None]  # [1, T_max] parents of a chain
+        self._path = [np.zeros((1, tree_nodes + 1), np.int64) for _ in caches]  # [1, T_max + 1] per slot
 
     def verify(self, run: VerifyRun) -> VerifyResult:
+        if self.tree_nodes:  # the tree form verifies a chain as a tree of width 1 (its head has no draft_probs)
+            path = self._run_tree(run, self._chain[:, : run.k])
+            return VerifyResult(len(path), int(self._outputs[run.state.slot][names.NEXT_TOKEN][0]))
         state, k = run.state, run.k
-        outputs = self._outputs[state.slot]
-        if self.features is not None:  # row r of this run is position cached + r; valid below the cache's length
-            start = self.caches[state.slot].length
-            outputs = {**outputs, names.TARGET_FEATURES: self.features[state.slot][:, start : state.length + k]}
         q = self.constants.zero_q[:, :k] if run.q is None else run.q  # [1, k, V]
-        self._run(state, state.length + k,
-                  {names.DRAFT_PROBS: q, names.UNIFORMS: state.uniforms.verify[:, : k + 1]},  # [1, k, V], [1, k+1]
-                  outputs)
+        outputs = self._run_verify(state, k, {names.DRAFT_PROBS: q}, {})
         return VerifyResult(int(outputs[names.N_ACCEPTED][0]), int(outputs[names.NEXT_TOKEN][0]))
 
     def verify_tree(self, run: VerifyRun) -> TreeResult:
-        raise tree_refusal(self.__class__.__name__)
+        if not self.tree_nodes or run.parents is None:
+            raise tree_refusal("this pack's verify graph (exported without --max-tree-nodes)")
+        path = self._run_tree(run, run.parents[None])
+        return TreeResult(path, int(self._outputs[run.state.slot][names.NEXT_TOKEN][0]))
+
+    def _run_tree(self, run: VerifyRun, parents: np.ndarray) -> np.ndarray:
+        """The tree form over `parents` [1, T]; the accepted nodes (path rows 1..n, minus one: node indices)."""
+        state, k = run.state, run.k
+        if k > self.tree_nodes:
+            raise tree_refusal(f"a verify of {k} nodes (this pack's tree form takes {self.tree_nodes} at most)")
+        path = self._path[state.slot][:, : k + 1]  # [1, T + 1]
+        outputs = self._run_verify(state, k, {names.PARENTS: parents}, {names.PATH: path})
+        n = int(outputs[names.N_ACCEPTED][0])
+        return path[0, 1 : n + 1] - 1  # [n] node indices, increasing
+
+    def _run_verify(self, state: DecodeState, k: int, extra_inputs: dict[str, np.ndarray],
+                    extra_outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run over state.ids[cached : length + k] with the uniforms [1, k + 1]; the outputs (n_accepted, next_token)."""
+        outputs = {**self._outputs[state.slot], **extra_outputs}
+        if self.features is not None:  # row r of this run is position cached + r; valid below the cache's length
+            start = self.caches[state.slot].length
+            outputs[names.TARGET_FEATURES] = self.features[state.slot][:, start : state.length + k]
+        self._run(state, state.length + k, {names.UNIFORMS: state.uniforms.verify[:, : k + 1], **extra_inputs},
+                  outputs)  # uniforms [1, k+1]
+        return outputs
 
     def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> np.ndarray:
         return host_q[:, :k]  # [1, k, V]: the host buffer is what the session reads
@@ -205,8 +230,13 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
         self.constants = Constants.allocate(width, m.k_max, m.vocab_size)
         self.features = None if m.head is None else [  # [1, width, F] per slot: what the verify wrote for the head
             np.zeros((1, width, m.head.feature_dim), numpy_dtype(m.target.dtype)) for _ in range(options.slots)]
+        tree = m.target.graph.tree
+        if tree is not None and tree.max_nodes < m.k_max:
+            raise SpecpackError("this pack's tree verify graph takes fewer nodes than its k_max",
+                                expected=f"--max-tree-nodes >= --k ({m.k_max})", found=f"max_nodes {tree.max_nodes}",
+                                hint="re-export with --max-tree-nodes at least --k")
         target = OrtTarget(self._graph(m.target), self._caches(m.target), self.constants, _feeds_positions(m.target),
-                           self.features)
+                           self.features, 0 if tree is None else tree.max_nodes)
         drafts = m.draft_model is not None or m.head is not None
         super().__init__(target, self._open_draft if drafts else None, k_max=m.k_max,
                          vocab_size=m.vocab_size, pad_single_steps=options.pad_single_steps,

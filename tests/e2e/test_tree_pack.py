@@ -1,0 +1,115 @@
+"""Token trees through a real tree pack (`spec-export --kv-cache static --max-tree-nodes 16`, tiny qwen2 pair) on the
+cpu backend: the tree verify graph, the accepted path moved into place (state.ids and the static cache's rows), the
+rest dropped (docs/trees.md).
+
+Greedy: the output is the target alone's with chains through the tree form (the model drafter), with n-gram tries,
+and with trees whose first child is always wrong (the walk goes through a sibling, so the cache rows move every
+step); with the rows left unmoved the same run leaves the target's output (the test sees the compaction). Sampling:
+the chi-square test of test_sampling_distribution.py with trees of the target's top tokens (deterministic
+candidates), against exact probabilities.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import specpack
+from specpack.runtime.drafter import Drafter
+from specpack.runtime.ngram_drafter import NgramConfig
+from specpack.runtime.pack import Pack
+from specpack.runtime.state import DecodeState, Proposal
+from specpack.runtime.static_kv_cache import StaticKVCache
+from specpack.sampling import SamplingParams
+from tests.e2e.test_sampling_distribution import (
+    P_FAIL,
+    PartitionFor,
+    TargetLogits,
+    draw_samples,
+    partitions,
+    pvalue,
+)
+
+PROMPT = "def add(a, b):"
+SAMPLES = 1_500
+
+
+@pytest.fixture(scope="module")
+def tree_pack_dir(tiny_export: Callable[..., Path]) -> Path:
+    return tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)
+
+
+@pytest.fixture(scope="module")
+def pack(tree_pack_dir: Path) -> Iterator[Pack]:
+    loaded = specpack.load(tree_pack_dir, threads=1, ngram=NgramConfig(1, 3, width=4))
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def logits(tiny_pairs: Callable[..., tuple[Path, Path]], pack: Pack) -> TargetLogits:
+    return TargetLogits(tiny_pairs("qwen2", "small")[1], pack.encode(PROMPT))
+
+
+class TargetTopTree:
+    """A deterministic tree from the target's own logits (transformers): its top 3 tokens after the committed ones as
+    the root's children, the top 2 after the first child under it; `wrong_first`: the first root child is the
+    target's least likely token (greedy never accepts it: the walk goes through a sibling)."""
+
+    def __init__(self, logits: TargetLogits, prompt_length: int, wrong_first: bool = False) -> None:
+        self.logits, self.prompt_length, self.wrong_first = logits, prompt_length, wrong_first
+
+    def begin(self, state: DecodeState) -> None: ...
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        done = tuple(state.ids[self.prompt_length : state.length].tolist())
+        order = np.argsort(-self.logits([done])[0], kind="stable")  # [V] best first
+        roots = [int(order[-1]), int(order[0]), int(order[1])] if self.wrong_first else [int(t) for t in order[:3]]
+        below = [int(t) for t in np.argsort(-self.logits([(*done, roots[0])])[0], kind="stable")[:2]]
+        tokens, parents = [*roots, *below][:k], [-1, -1, -1, 0, 0][:k]
+        start = state.length
+        state.ids[start : start + len(tokens)] = tokens
+        return Proposal(state.ids[start : start + len(tokens)], None, np.asarray(parents, np.int64))
+
+    def commit(self, state: DecodeState) -> None: ...
+
+
+def _with(pack: Pack, drafter: Drafter) -> Pack:
+    return Pack(pack.path, pack.manifest, pack.tokenizer, pack.backend, drafter)
+
+
+def test_greedy_chains_and_tries_equal_the_target_alone(pack: Pack) -> None:
+    repeated = pack.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n")[:30]
+    for prompt in (PROMPT, repeated):
+        want = pack.generate(prompt, 24, k=0).tokens
+        for k in (1, 4, None):
+            assert pack.generate(prompt, 24, k=k, drafter="model").tokens == want, (prompt, k)
+            assert pack.generate(prompt, 24, k=k, drafter="ngram").tokens == want, (prompt, k)
+    assert pack.generate(repeated, 24, k=4, drafter="ngram").stats["proposed"] > 0
+
+
+def test_greedy_trees_through_siblings_move_the_cache_rows(pack: Pack, logits: TargetLogits,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    want = pack.generate(PROMPT, 20, k=0).tokens
+    tree = _with(pack, TargetTopTree(logits, len(pack.encode(PROMPT)), wrong_first=True))
+    out = tree.generate(PROMPT, 20, k=4)
+    assert out.tokens == want and out.stats["accepted"] > 0
+    monkeypatch.setattr(StaticKVCache, "keep_rows", lambda self, start, rows: None)  # the rows left unmoved
+    assert tree.generate(PROMPT, 20, k=4).tokens != want
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=20)], ids=str)
+def test_sampled_trees_keep_the_distribution(pack: Pack, logits: TargetLogits, params: SamplingParams) -> None:
+    exact: PartitionFor = partitions(logits, pack.eos_ids)
+    k = 4  # the pack's k_max: the tree's node budget (the target's top 3, and the top 1 under the first)
+    part = exact(params, k + 2, SAMPLES)
+    prompt = pack.encode(PROMPT)
+    samples = draw_samples(pack, TargetTopTree(logits, len(prompt)), prompt, params, k, 11, n=SAMPLES,
+                           decided=part.decided)
+    p = pvalue(part, samples)
+    print(f"trees {params}: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert samples.accepted > SAMPLES // 10
+    assert p > P_FAIL
