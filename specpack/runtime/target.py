@@ -131,12 +131,17 @@ class Draft(Generic[D]):
         _rollback(self.engine, state, length)
 
 
-def refuse_head(manifest: Manifest, backend: str) -> None:
-    """A backend that cannot run a pack's draft head yet says so at load (not at the first request)."""
+def refuse_cpu_only(manifest: Manifest, backend: str) -> None:
+    """A backend that cannot run a pack's draft head or tree verify graph yet says so at load (not at the first
+    request)."""
     if manifest.head is not None:
         raise SpecpackError(f"the {backend} backend does not run draft heads yet", expected="--device cpu for a pack "
                             "exported with --draft-head", found=f"--device {backend}, drafter 'head'",
                             hint="run it with --device cpu (docs/heads.md says what remains)")
+    if manifest.target.graph.tree is not None:
+        raise SpecpackError(f"the {backend} backend does not run tree verify graphs yet", expected="--device cpu for "
+                            "a pack exported with --max-tree-nodes", found=f"--device {backend}, a tree pack",
+                            hint="run it with --device cpu, or export without --max-tree-nodes (docs/trees.md)")
 
 
 class EngineBackend(Generic[V, D]):

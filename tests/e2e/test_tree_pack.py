@@ -113,3 +113,13 @@ def test_sampled_trees_keep_the_distribution(pack: Pack, logits: TargetLogits, p
     print(f"trees {params}: alpha={samples.alpha:.3f} p={p:.4g}")
     assert samples.accepted > SAMPLES // 10
     assert p > P_FAIL
+
+
+def test_backends_without_trees_refuse_a_tree_pack_at_load(tree_pack_dir: Path) -> None:
+    with pytest.raises(specpack.SpecpackError, match="does not run tree verify graphs yet"):
+        specpack.load(tree_pack_dir, device="reference")
+
+
+def test_a_tree_width_needs_a_tree_pack(tiny_pack: Callable[..., tuple[Path, Path, Path]]) -> None:
+    with pytest.raises(specpack.SpecpackError, match="token trees need a pack whose verify graph takes trees"):
+        specpack.load(tiny_pack("qwen2", "small")[0], ngram=NgramConfig(width=2))

@@ -46,7 +46,7 @@ from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, De
 from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.state import DecodeState, VerifyResult
-from specpack.runtime.target import EngineBackend, refuse_head
+from specpack.runtime.target import EngineBackend, refuse_cpu_only
 
 PROVIDER = "CUDAExecutionProvider"
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
@@ -323,7 +323,7 @@ class CudaBackend(EngineBackend[DeviceTarget, DeviceDraft]):
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
         chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
         are captured)."""
-        refuse_head(manifest, "cuda")
+        refuse_cpu_only(manifest, "cuda")
         for label, entry in manifest.models():  # an n-gram pack has no draft model
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
                 raise SpecpackError("the cuda backend needs graphs with the static KV cache, fp32 or fp16",

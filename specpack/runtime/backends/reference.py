@@ -25,7 +25,7 @@ from specpack.runtime.backend import BackendOptions
 from specpack.runtime.engine import TreeResult, VerifyRun
 from specpack.runtime.kv_cache import LengthCache
 from specpack.runtime.state import DecodeState, VerifyResult
-from specpack.runtime.target import EngineBackend, refuse_head
+from specpack.runtime.target import EngineBackend, refuse_cpu_only
 from specpack.sampling import SamplingParams
 
 LogitsFn = Callable[[np.ndarray, int], np.ndarray]  # (ids [n], rows) -> logits [rows, V] of the last rows positions
@@ -129,7 +129,7 @@ class ReferenceBackend(EngineBackend[ReferenceTarget, ReferenceDraft]):
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> ReferenceBackend:
     """The reference backend over a pack: its graphs' logits, recomputed over the whole prefix every call."""
     m = manifest
-    refuse_head(m, "reference")
+    refuse_cpu_only(m, "reference")
     verified = manifest if options.verified_reads else None
     draft = None if m.draft_model is None else (lambda: pack_logits(path, m.draft, m.vocab_size, options.threads,
                                                                       verified))

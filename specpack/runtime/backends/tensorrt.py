@@ -50,7 +50,7 @@ from specpack.runtime.backend import BackendOptions
 from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.static_kv_cache import StaticLengthCache
-from specpack.runtime.target import EngineBackend, refuse_head
+from specpack.runtime.target import EngineBackend, refuse_cpu_only
 
 if TYPE_CHECKING:
     import tensorrt as trt
@@ -303,7 +303,7 @@ class TrtBackend(EngineBackend[TrtTarget, TrtDraft]):
         if options.slots != 1:
             raise SpecpackError("the tensorrt backend serves one request at a time", expected="slots 1",
                                 found=f"slots {options.slots}")
-        refuse_head(manifest, "tensorrt")
+        refuse_cpu_only(manifest, "tensorrt")
         check_buildable(manifest)
         self.engines = {role: select_engine(manifest, role, platform) for role, _ in manifest.models()}  # refuse early
         self.path, self.manifest, self.cuda, self.platform, self.cuda_graphs = path, manifest, cuda, platform, cuda_graphs
