@@ -1,0 +1,257 @@
+"""What a tree verify and a draft head step cost on a device, at a real model's shape (random weights: time depends on
+the shapes, not on the values), through the graphs spec-export writes (docs/trees.md, docs/heads.md).
+
+    python bench/tree_head_costs.py --work DIR --json OUT [--shape 1.5b] [--device cuda] [--reps 30]
+
+  1. a random Qwen2 model at --shape (fp16 on cuda, fp32 on cpu), saved once under --work
+  2. its verify graphs: the chain form (spec-export's default head) and the tree form (--max-tree-nodes 64), static
+     cache, GroupQueryAttention; a draft head (specpack/heads/model.py, one layer, the 32,768-token subset) exported
+     as head_step.onnx
+  3. medians of bare runs (every buffer on the device, bound once; the greedy form captured as a CUDA graph where the
+     EP allows), after CONTEXT tokens of cache: the chain verify over k drafts (k + 1 rows), the tree verify over T
+     nodes (T + 1 rows; four chains of depth T / 4), the head's catch-up run (C rows of target features) and its
+     drafting run (one row of its own output)
+
+Reported: v(k) and v(T) as ratios to the chain verify of one draft (the padded target step every greedy step takes),
+and c = the head's drafting run over that step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+SHAPES = {  # Qwen2.5 shapes; "tiny" to try the script on a CPU
+    "1.5b": {"hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12, "num_key_value_heads": 2,
+             "intermediate_size": 8960, "vocab_size": 151936},
+    "tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+             "intermediate_size": 128, "vocab_size": 1000},
+}
+CONTEXT, MAX_LEN, TREE_MAX, SUBSET = 256, 1024, 64, 32768
+KS, TREE_SIZES, CATCH_UP = (0, 1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64), (1, 2, 5)
+
+
+def log(*args: object) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *args, flush=True)
+
+
+def make_model(shape: str, out: Path, dtype: str, device: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(max_position_embeddings=4096, rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True,
+                         **SHAPES[shape])
+    if not (out / "config.json").exists():
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, "float16" if dtype == "fp16" else
+                                                                                 "float32"))
+        model.save_pretrained(out)
+        del model
+    return config
+
+
+def export_verify(model_dir: Path, work: Path, dtype: str, tree: int) -> Path:
+    from specpack.export.graph_form import GraphForm
+    from specpack.export.torch_export import export_plain_graph
+    from specpack.graphs.attach import build_tree_verify_graph, build_verify_graph
+
+    out = work / ("verify_tree.onnx" if tree else "verify_chain.onnx")
+    if out.exists():
+        return out
+    plain = work / f"plain_{'tree' if tree else 'chain'}.onnx"
+    t0 = time.perf_counter()
+    export_plain_graph(model_dir, plain, dtype, GraphForm("static", "gqa"), (), tree)
+    vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
+    if tree:
+        build_tree_verify_graph(plain, out, vocab, tree)
+    else:
+        build_verify_graph(plain, out, vocab)
+    log(f"exported {out.name} in {time.perf_counter() - t0:.0f} s")
+    return out
+
+
+def export_head(config: Any, work: Path, dtype: str) -> tuple[Path, Any]:
+    import torch
+
+    from specpack.export.head_export import _export
+    from specpack.export.torch_export import _save
+    from specpack.graphs.attach import LogitsNotPrunedWarning, build_draft_step_graph
+    from specpack.heads.model import DraftHead, HeadConfig
+
+    layers = config.num_hidden_layers
+    cfg = HeadConfig(model_type="qwen2", target_hidden=config.hidden_size, taps=(2, layers // 2, layers - 3),
+                     hidden=config.hidden_size, heads=config.num_attention_heads, kv_heads=config.num_key_value_heads,
+                     head_dim=config.hidden_size // config.num_attention_heads, intermediate=config.intermediate_size,
+                     rope_theta=1e6, rms_eps=1e-6, vocab_rows=config.vocab_size,
+                     subset_size=min(SUBSET, config.vocab_size))
+    out = work / "head_step.onnx"
+    if not out.exists():
+        torch.manual_seed(1)
+        subset = torch.arange(cfg.subset_size)
+        head = DraftHead(cfg, torch.randn(cfg.vocab_rows, cfg.hidden) * 0.02,
+                         torch.randn(cfg.subset_size, cfg.hidden) * 0.02, subset)
+        head = head.to(getattr(torch, "float16" if dtype == "fp16" else "float32")).eval()
+        plain = work / "head_step.plain.onnx"
+        _save(_export(head, SimpleNamespace(config=cfg), dtype), plain)
+        with warnings.catch_warnings():  # the head's logits come from a Scatter (one row already): as head_export
+            warnings.simplefilter("ignore", LogitsNotPrunedWarning)
+            build_draft_step_graph(plain, out, cfg.vocab_rows)
+        log("exported head_step.onnx")
+    return out, cfg
+
+
+class Timer:
+    """One session over a graph (greedy form where it has an If), buffers on the device, bound by name."""
+
+    def __init__(self, graph: Path, device: str, capture: bool) -> None:
+        import onnxruntime as ort
+
+        from specpack.graphs.greedy_form import greedy_form
+        from specpack.runtime.backends.cuda import EXTERNAL_DATA_FOLDER
+
+        self.ort, self.device = ort, device
+        opts = ort.SessionOptions()
+        opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(graph.parent))
+        opts.log_severity_level = 3
+        providers: list[Any] = ["CPUExecutionProvider"]
+        if device == "cuda":
+            providers.insert(0, ("CUDAExecutionProvider", {"enable_cuda_graph": "1" if capture else "0"}))
+        try:
+            model: Any = greedy_form(graph)
+        except ValueError:
+            model = str(graph)
+        self.session = ort.InferenceSession(model, opts, providers=providers)
+        self.capture = capture and device == "cuda"
+        self.inputs = {i.name for i in self.session.get_inputs()}
+        self.graph_id = 0
+        self.keep: list[Any] = []
+
+    def array(self, host: np.ndarray) -> Any:
+        from specpack.runtime.device_buffers import DeviceArray
+
+        buffer = DeviceArray(host.shape, host.dtype, self.device)
+        buffer.write(np.ascontiguousarray(host))
+        self.keep.append(buffer)
+        return buffer.view()
+
+    def median_ms(self, inputs: dict[str, Any], outputs: dict[str, Any], reps: int) -> float:
+        from specpack.runtime.backends.cuda import bind
+
+        binding = self.session.io_binding()
+        bind(binding, self.device, {n: v for n, v in inputs.items() if n in self.inputs}, outputs)
+        options = self.ort.RunOptions()
+        self.graph_id += 1
+        options.add_run_config_entry("gpu_graph_id", str(self.graph_id) if self.capture else "-1")
+        times = []
+        for i in range(reps + 5):
+            t0 = time.perf_counter()
+            self.session.run_with_iobinding(binding, options)
+            if i >= 5:
+                times.append(time.perf_counter() - t0)
+        return 1e3 * statistics.median(times)
+
+
+def verify_costs(graph: Path, config: Any, dtype: str, device: str, capture: bool, tree: bool, reps: int
+                 ) -> dict[str, float]:
+    from specpack import names
+    from specpack.runtime.device_buffers import DeviceStaticKVCache
+
+    timer = Timer(graph, device, capture)
+    head_dim = config.hidden_size // config.num_attention_heads
+    np_dtype = np.float16 if dtype == "fp16" else np.float32
+    out: dict[str, float] = {}
+    for size in (TREE_SIZES if tree else KS):
+        seq = size + 1
+        cache = DeviceStaticKVCache(config.num_hidden_layers, config.num_key_value_heads, head_dim, MAX_LEN, np_dtype,
+                                    device)
+        timer.keep.append(cache)
+        cache.length = CONTEXT
+        rng = np.random.default_rng(size)
+        inputs = {names.INPUT_IDS: timer.array(rng.integers(0, config.vocab_size - 1, (1, seq))),
+                  names.POSITION_IDS: timer.array(np.arange(CONTEXT, CONTEXT + seq, dtype=np.int64)[None]),
+                  names.UNIFORMS: timer.array(np.full((1, seq), 0.5, np.float32)),
+                  names.TEMPERATURE: timer.array(np.zeros(1, np.float32)),
+                  names.TOP_K: timer.array(np.zeros(1, np.int64)), names.TOP_P: timer.array(np.ones(1, np.float32)),
+                  **cache.bind_inputs(seq)}
+        outputs = {names.N_ACCEPTED: timer.array(np.zeros(1, np.int64)),
+                   names.NEXT_TOKEN: timer.array(np.zeros(1, np.int64)), **cache.bind_outputs(seq)}
+        if tree:  # four chains of depth size / 4 (a chain below 4 nodes)
+            parents = np.array([i - 4 if i >= 4 else -1 for i in range(size)], np.int64)[None]
+            inputs[names.PARENTS] = timer.array(parents)
+            outputs[names.PATH] = timer.array(np.zeros((1, seq), np.int64))
+        else:
+            inputs[names.DRAFT_PROBS] = timer.array(np.zeros((1, size, config.vocab_size), np.float32))
+        out[str(size)] = timer.median_ms(inputs, outputs, reps)
+        log(f"{graph.name} {'T' if tree else 'k'} = {size}: {out[str(size)]:.3f} ms")
+    return out
+
+
+def head_costs(graph: Path, cfg: Any, dtype: str, device: str, capture: bool, reps: int) -> dict[str, float]:
+    from specpack import names
+
+    timer = Timer(graph, device, capture)
+    np_dtype = np.float16 if dtype == "fp16" else np.float32
+    rng = np.random.default_rng(0)
+    out: dict[str, float] = {}
+    for label, c, w in [*((f"catch_up_{c}", c, 0) for c in CATCH_UP), ("draft", 0, 1)]:
+        past = rng.standard_normal((1, cfg.kv_heads, CONTEXT, cfg.head_dim)).astype(np_dtype) * 0.1
+        inputs = {names.INPUT_IDS: timer.array(np.ones((1, c), np.int64)),
+                  names.FEATURES: timer.array(rng.standard_normal((1, c, cfg.feature_dim)).astype(np_dtype)),
+                  names.DRAFT_IDS: timer.array(np.ones((1, w), np.int64)),
+                  names.HIDDEN_IN: timer.array(rng.standard_normal((1, w, cfg.hidden)).astype(np_dtype)),
+                  **{name: timer.array(past) for name in names.kv_names(1, "past")},
+                  names.UNIFORM: timer.array(np.full(1, 0.5, np.float32)),
+                  names.TEMPERATURE: timer.array(np.zeros(1, np.float32)),
+                  names.TOP_K: timer.array(np.zeros(1, np.int64)), names.TOP_P: timer.array(np.ones(1, np.float32))}
+        present = np.zeros((1, cfg.kv_heads, CONTEXT + c + w, cfg.head_dim), np_dtype)
+        outputs = {names.TOKEN: timer.array(np.zeros(1, np.int64)),
+                   names.PROBS: timer.array(np.zeros((1, cfg.vocab_rows), np.float32)),
+                   names.HIDDEN_OUT: timer.array(np.zeros((1, 1, cfg.hidden), np_dtype)),
+                   **{name: timer.array(present) for name in names.kv_names(1, "present")}}
+        out[label] = timer.median_ms(inputs, outputs, reps)
+        log(f"head_step {label}: {out[label]:.3f} ms")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--json", type=Path, required=True)
+    parser.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--reps", type=int, default=30)
+    args = parser.parse_args()
+    dtype = "fp16" if args.device == "cuda" else "fp32"
+    args.work.mkdir(parents=True, exist_ok=True)
+    model_dir = args.work / f"model-{args.shape}"
+    config = make_model(args.shape, model_dir, dtype, args.device)
+    result: dict[str, Any] = {"shape": args.shape, "dtype": dtype, "device": args.device, "context": CONTEXT,
+                              "reps": args.reps, "tree_shape": "four chains of depth T / 4 (a chain below 4 nodes)"}
+    chain, tree = export_verify(model_dir, args.work, dtype, 0), export_verify(model_dir, args.work, dtype, TREE_MAX)
+    head, cfg = export_head(config, args.work, dtype)
+    for capture in ((False, True) if args.device == "cuda" else (False,)):
+        key = "cuda_graphs" if capture else "no_cuda_graphs"
+        entry = result[key] = {"chain_verify_ms": verify_costs(chain, config, dtype, args.device, capture, False,
+                                                               args.reps),
+                               "tree_verify_ms": verify_costs(tree, config, dtype, args.device, capture, True,
+                                                              args.reps),
+                               "head_step_ms": head_costs(head, cfg, dtype, args.device, capture, args.reps)}
+        step = entry["chain_verify_ms"]["1"]  # the padded target step of greedy decoding
+        entry["v_chain"] = {k: ms / step for k, ms in entry["chain_verify_ms"].items()}
+        entry["v_tree"] = {t: ms / step for t, ms in entry["tree_verify_ms"].items()}
+        entry["c_head"] = entry["head_step_ms"]["draft"] / step
+        log(key, "c_head", round(entry["c_head"], 3), "v_tree", {t: round(v, 2) for t, v in entry["v_tree"].items()})
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
