@@ -20,7 +20,8 @@ from onnx import helper
 
 from specpack import names
 
-HEAD_OUTPUTS = ({names.TOKEN, names.PROBS}, {names.N_ACCEPTED, names.NEXT_TOKEN})  # draft head, verify head
+HEAD_OUTPUTS = ({names.TOKEN, names.PROBS}, {names.N_ACCEPTED, names.NEXT_TOKEN},  # draft head, verify head,
+                {names.N_ACCEPTED, names.NEXT_TOKEN, names.PATH})                  # tree verify head
 
 
 def greedy_form(path: Path, data: bytes | None = None) -> bytes:

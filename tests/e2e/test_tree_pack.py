@@ -123,3 +123,39 @@ def test_backends_without_trees_refuse_a_tree_pack_at_load(tree_pack_dir: Path) 
 def test_a_tree_width_needs_a_tree_pack(tiny_pack: Callable[..., tuple[Path, Path, Path]]) -> None:
     with pytest.raises(specpack.SpecpackError, match="token trees need a pack whose verify graph takes trees"):
         specpack.load(tiny_pack("qwen2", "small")[0], ngram=NgramConfig(width=2))
+
+
+def test_the_greedy_form_of_the_tree_verify_is_its_greedy_branch(tree_pack_dir: Path) -> None:
+    """The cuda backend captures the greedy form (graphs/greedy_form.py: the head's If inlined): for the tree head
+    too, and it gives what the graph gives at temperature 0, path included."""
+    import onnx
+    import onnxruntime as ort
+
+    from specpack import names
+    from specpack.contract.manifest import Manifest
+    from specpack.graphs.greedy_form import greedy_form
+
+    m = Manifest.read(tree_pack_dir)
+    graph = tree_pack_dir / m.target.graph.path
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
+    full = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+    greedy = ort.InferenceSession(greedy_form(graph), opts, providers=["CPUExecutionProvider"])
+    assert not any(n.op_type == "If" for n in onnx.load_from_string(greedy_form(graph)).graph.node)
+    rng = np.random.default_rng(0)
+    e = m.target
+    for nodes in (1, 5, 16):
+        parents = np.array([[rng.integers(-1, i) for i in range(nodes)]], np.int64)  # topological
+        seq, past = nodes + 3, 4
+        mask = np.zeros((1, m.max_len), np.int64)
+        mask[0, : past + seq] = 1
+        feed = {names.INPUT_IDS: rng.integers(0, m.vocab_size, (1, seq)), names.ATTENTION_MASK: mask,
+                names.POSITION_IDS: np.arange(past, past + seq)[None], names.PARENTS: parents,
+                names.UNIFORMS: rng.random((1, nodes + 1), dtype=np.float32),
+                names.TEMPERATURE: np.zeros(1, np.float32), names.TOP_K: np.zeros(1, np.int64),
+                names.TOP_P: np.ones(1, np.float32),
+                **dict.fromkeys(names.kv_names(e.num_layers, "past"),
+                                rng.standard_normal((1, e.kv_heads, m.max_len, e.head_dim)).astype(np.float32))}
+        want = full.run([names.N_ACCEPTED, names.NEXT_TOKEN, names.PATH], feed)
+        got = greedy.run([names.N_ACCEPTED, names.NEXT_TOKEN, names.PATH], feed)
+        assert all((a == b).all() for a, b in zip(want, got, strict=True)), nodes
