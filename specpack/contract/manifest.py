@@ -130,8 +130,7 @@ class GraphEntry(_Closed):
 
     @model_validator(mode="after")
     def _check_origin(self) -> GraphEntry:
-        if self.positions == "internal" and self.kv_cache != "static":
-            raise ValueError("positions 'internal' needs kv_cache 'static' (the positions come from the static mask)")
+        # positions "internal" with the static cache: checked on model entries (a head's concat graph computes its own)
         form = (self.kv_cache, self.heads, self.positions, self.exporter)
         if self.tree is not None and form != ("static", "onnxruntime", "inputs", "torch"):
             raise ValueError("a tree verify graph is a torch graph with kv_cache 'static', heads 'onnxruntime' and "

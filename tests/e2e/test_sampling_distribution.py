@@ -61,6 +61,7 @@ from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.pack import Pack
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 from specpack.runtime.stats import DecodeStats
+from specpack.runtime.target import Draft
 from specpack.sampling import SamplingParams, Uniforms
 from tests.distribution import (
     Continuation,
@@ -181,8 +182,8 @@ class ShadowDraft:
         self.max_q_diff, self.q_inputs = 0.0, q_params.graph_inputs()
         cache = ConcatKVCache(entry.num_layers, entry.kv_heads, entry.head_dim, m.max_len + m.k_max + 1,
                               numpy_dtype(entry.dtype))
-        self.shadow = OrtDraft(OrtGraph(pack.path / entry.graph.path, threads=1), [cache],
-                               pack.backend.constants, m.k_max, m.vocab_size)  # type: ignore[attr-defined]
+        self.shadow = Draft(OrtDraft(OrtGraph(pack.path / entry.graph.path, threads=1), [cache],
+                                     pack.backend.constants, m.k_max, m.vocab_size))  # type: ignore[attr-defined]
 
     def reset(self, state: DecodeState) -> None:
         self.real.reset(state)
@@ -204,7 +205,7 @@ class ShadowDraft:
         self.shadow.rollback(state, length)
 
     def close(self) -> None:
-        self.shadow.graph.close()
+        self.shadow.engine.graph.close()
 
 
 def drafter_over(model: DraftModel) -> ModelDrafter:
