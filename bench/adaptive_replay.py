@@ -7,11 +7,11 @@
 Greedy speculative decoding emits exactly the target's greedy tokens, and a model draft proposed after an
 accepted prefix is the draft's own greedy token on the target's text: so one teacher-forced pass of the plain
 draft graph over prompt + the target's output (`ar` of drafters.py's results) gives, for every position,
-whether the draft's argmax equals the target's next token, and any k policy replays exactly from that: a step
-at k accepts the leading matches. Each step costs k c + v(k) target steps (c, v(k): this machine's medians,
-measured by drafters.py's fixed-k runs), times lognormal noise of sigma --noise (the step times the
-policy sees; seeded); the speedup is decoded tokens / the noiseless cost. The prompts run in the bench's
-order on one policy state per drafter, as a pack keeps its measured costs across requests.
+whether the draft's argmax equals the target's next token, and any k policy replays exactly from that through the
+runtime's own loop (runtime/replay.py): a step at k accepts the leading matches. Each step costs k c + v(k) target
+steps (c, v(k): this machine's medians, measured by drafters.py's fixed-k runs), times lognormal noise of sigma
+--noise (the step times the policy sees; seeded); the speedup is decoded tokens / the noiseless cost. The prompts
+run in the bench's order on one policy state per drafter, as a pack keeps its measured costs across requests.
 A model-drafter step right after k = 0 steps also pays --catch-up target steps per token committed without the
 draft (the draft feeds them before its first draft; about 0.07 on an H200 with 9-token captured chunks, where
 c = 0.63, and about 0.02 with the 32-token chunks that followed, estimated from the draft's prefill:
@@ -37,6 +37,8 @@ from drafters import CATEGORIES, PROMPTS, select_prompts
 
 from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, MeasuredCosts
 from specpack.runtime.k_policy import FixedK, KPolicy
+from specpack.runtime.replay import ArgmaxDrafter, replay_greedy
+from specpack.runtime.state import DecodeState
 
 K_MAX = 8
 
@@ -50,25 +52,44 @@ def draft_matches(draft_graph: Path, ids: list[int], out: list[int]) -> list[boo
     return [bool(p == t) for p, t in zip(predicted.tolist(), out[1:], strict=True)]
 
 
+class ModeledCosts:
+    """A KPolicy that hands `policy` modeled step times instead of the loop's clock: a step at k costs k c + v(k)
+    target steps (+ --catch-up per token the draft skipped), times lognormal noise; it keeps the noiseless total."""
+
+    def __init__(self, policy: KPolicy, c: float, v: list[float], rng: np.random.Generator, noise: float,
+                 catch_up: float = 0.0) -> None:
+        self.policy, self.c, self.v, self.rng, self.noise, self.catch_up = policy, c, v, rng, noise, catch_up
+        self.behind = 0  # tokens committed by k = 0 steps since the draft last ran
+        self.cost = 0.0
+
+    @property
+    def k_max(self) -> int:
+        return self.policy.k_max
+
+    def next_k(self, state: DecodeState) -> int:
+        return self.policy.next_k(state)
+
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
+        drafting = k * self.c + (self.behind * self.catch_up if k else 0.0)
+        self.behind = self.behind + 1 if k == 0 else 0
+        step = drafting + self.v[k]
+        jitter = float(np.exp(self.rng.normal(0.0, self.noise))) if self.noise else 1.0
+        self.policy.observe(k, n_accepted, step * jitter, drafting * jitter)
+        self.cost += step
+
+
 def replay(matches: list[bool], policy: KPolicy, c: float, v: list[float], rng: np.random.Generator,
            noise: float, catch_up: float = 0.0) -> dict[str, Any]:
-    """Greedy decoding of len(matches) + 1 tokens (the first from the prefill), k from `policy` each step."""
+    """Greedy decoding of len(matches) + 1 tokens (the first from the prefill), k from `policy` each step, through
+    the runtime's own loop (runtime/replay.py)."""
     total = len(matches) + 1
-    emitted, cost, steps, hist = 1, 0.0, 0, [0] * (K_MAX + 1)
-    behind = 0  # tokens committed by k = 0 steps since the draft last ran
-    while emitted < total:
-        k = min(policy.next_k(None), total - emitted - 1)  # type: ignore[arg-type]  # the policies read no state
-        n = 0
-        while n < k and matches[emitted - 1 + n]:
-            n += 1
-        drafting = k * c + (behind * catch_up if k else 0.0)
-        behind = behind + 1 if k == 0 else 0
-        step = drafting + v[k]
-        jitter = float(np.exp(rng.normal(0.0, noise))) if noise else 1.0
-        policy.observe(k, n, step * jitter, drafting * jitter)
-        cost, steps, emitted = cost + step, steps + 1, emitted + n + 1
-        hist[k] += 1
-    return {"speedup": (total - 1) / cost, "tau": (total - 1) / steps, "k_histogram": hist}
+    out = list(range(1, total + 1))  # stand-in tokens after a one-token prompt: only the matches matter
+    sequence = [0, *out]
+    draft_next = [-1, *(out[i + 1] if match else -1 for i, match in enumerate(matches)), -1]  # -1: never accepted
+    modeled = ModeledCosts(policy, c, v, rng, noise, catch_up)
+    stats = replay_greedy(sequence, 1, ArgmaxDrafter(draft_next), modeled).stats
+    hist = stats.k_histogram + [0] * (K_MAX + 1 - len(stats.k_histogram))
+    return {"speedup": (total - 1) / modeled.cost, "tau": (total - 1) / stats.steps, "k_histogram": hist}
 
 
 def main() -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 import onnxruntime as ort
 
 from specpack.graphs.greedy_form import greedy_form
+from specpack.runtime.ort_session import EXTERNAL_DATA_FOLDER
 
 graph = Path(sys.argv[1])
 ort.set_default_logger_severity(0)  # verbose: the session logs its node placements
 opts = ort.SessionOptions()
-opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(graph.parent))
+opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(graph.parent))
 try:
     model: bytes | str = greedy_form(graph)
 except ValueError:

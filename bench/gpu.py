@@ -124,15 +124,10 @@ def export(draft: Path, target: Path, out: Path, graphs: str = "torch") -> float
 
 
 def open_pack(path: Path, cuda_graphs: bool) -> Any:
-    from specpack.contract.manifest import Manifest
+    import specpack
     from specpack.runtime.backend import BackendOptions
-    from specpack.runtime.backends.cuda import CudaBackend
-    from specpack.runtime.pack import Pack
-    from specpack.runtime.tokenizer import PackTokenizer
 
-    manifest = Manifest.read(path)
-    backend = CudaBackend(path, manifest, BackendOptions(), cuda_graphs=cuda_graphs)
-    return Pack(path, manifest, PackTokenizer.load(path / "tokenizer"), backend)
+    return specpack.load(path, device="cuda", options=BackendOptions(cuda_graphs=cuda_graphs))
 
 
 def step_costs(pack_dir: Path, cuda_graphs: bool, reps: int) -> dict[str, Any]:
@@ -197,8 +192,8 @@ def time_bare(model: Path | bytes, folder: Path, layers: int, kv_heads: int, hea
     import onnxruntime as ort
 
     from specpack import names
-    from specpack.runtime.backends.cuda import EXTERNAL_DATA_FOLDER, bind
-    from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache
+    from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, bind
+    from specpack.runtime.ort_session import EXTERNAL_DATA_FOLDER
 
     opts = ort.SessionOptions()
     opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(folder))

@@ -5,7 +5,8 @@
 Greedy speculative decoding emits exactly the target's own greedy tokens, so for a drafter that needs no
 model (prompt lookup) every step can be replayed from the autoregressive output alone: the runtime's
 NgramDrafter proposes from the prompt and the tokens so far, the accepted drafts are the leading ones that
-equal the target's next tokens. For each n range and k this gives tau (tokens per verify) and the steps
+equal the target's next tokens (the runtime's own loop over a target that replays the output: runtime/replay.py).
+For each n range and k this gives tau (tokens per verify) and the steps
 with a proposal; the predicted speedup uses the verify costs v(k) measured on the CPU (bench/README.md):
     predicted = decoded tokens / sum over steps of v(k of the step)     (v(0) = 1: a plain target step)
 The prompts are those of the drafters.py results (their `ar` tokens), encoded with the pack's tokenizer.
@@ -25,36 +26,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from drafters import CATEGORIES, PROMPTS, select_prompts
 
+from specpack.runtime.k_policy import FixedK
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
-from specpack.runtime.state import DecodeState
-from specpack.runtime.stats import DecodeStats
-from specpack.sampling import SamplingParams, Uniforms
+from specpack.runtime.replay import replay_greedy
 
 CPU_V = [1.0, 1.07, 1.17, 1.195, 1.22, 1.2525, 1.285, 1.3175, 1.35]  # v(0..8): 1, 2, 4, 8 measured, between linear
 N_RANGES = [(1, 1), (1, 2), (1, 3), (2, 2), (2, 3), (2, 4), (3, 4), (3, 6), (4, 8)]
 KS = (2, 4, 8)
 
 
+class StepCosts(FixedK):
+    """FixedK(k) that adds up each step's verify cost v(k of the step), in target steps, as the loop reports it."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.cost = 0.0
+
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
+        self.cost += CPU_V[k]
+
+
 def replay(prompt: list[int], out: list[int], config: NgramConfig, k: int, eos: frozenset[int]) -> tuple[int, int, float]:
-    """(steps, steps with a proposal, time in target steps) of greedy decoding of `out` after `prompt`."""
-    params = SamplingParams()
-    state = DecodeState.start(prompt, len(out), params, Uniforms(params, k), eos_ids=eos,
-                              max_len=len(prompt) + len(out) + k + 1, k_max=k, stats=DecodeStats(k=k))
-    drafter = NgramDrafter(config)
-    state.commit(0, out[0])  # the prefill's token
-    drafter.begin(state)
-    steps = proposing = 0
-    cost = 0.0
-    while not state.finished:
-        pos = len(state.out)
-        proposal = drafter.propose(state, min(k, state.remaining - 1))
-        n = 0
-        while n < proposal.k and int(proposal.tokens[n]) == out[pos + n]:
-            n += 1
-        state.commit(n, out[pos + n])
-        drafter.commit(state)
-        steps, proposing, cost = steps + 1, proposing + (proposal.k > 0), cost + CPU_V[proposal.k]
-    return steps, proposing, cost
+    """(steps, steps with a proposal, time in target steps) of greedy decoding of `out` after `prompt`, through the
+    runtime's own loop (runtime/replay.py)."""
+    policy = StepCosts(k)
+    stats = replay_greedy(prompt + out, len(prompt), NgramDrafter(config), policy, eos).stats
+    return stats.steps, stats.steps - stats.k_histogram[0], policy.cost
 
 
 def main() -> None:

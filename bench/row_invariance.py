@@ -69,22 +69,18 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
-    from specpack.contract.integrity import verify_pack
-    from specpack.contract.manifest import Manifest
+    import specpack
     from specpack.prompts import read_prompt_file
-    from specpack.runtime.backend import BackendOptions, open_backend
+    from specpack.runtime.backend import BackendOptions
     from specpack.runtime.k_policy import FixedK
     from specpack.runtime.loop import decode
     from specpack.runtime.pack import Pack
     from specpack.runtime.stats import DecodeStats
-    from specpack.runtime.tokenizer import PackTokenizer
     from specpack.sampling import SamplingParams, Uniforms
 
-    manifest = Manifest.read(args.pack)
-    verify_pack(args.pack, manifest)
-    tokenizer = PackTokenizer.load(args.pack / "tokenizer")
-    packs = {pad: Pack(args.pack, manifest, tokenizer, open_backend(
-        args.device, args.pack, manifest, BackendOptions(threads=args.threads, pad_single_steps=pad))) for pad in (True, False)}
+    packs = {pad: specpack.load(args.pack, device=args.device, threads=args.threads,
+                                options=BackendOptions(pad_single_steps=pad)) for pad in (True, False)}
+    manifest = packs[True].manifest
     ks = [int(k) for k in args.ks.split(",")]
     params = SamplingParams()
 
@@ -92,7 +88,8 @@ def main() -> None:
         state = DecodeState.start(ids, args.max_new_tokens, params, Uniforms(params, manifest.k_max),
                                   eos_ids=frozenset(manifest.eos_token_ids), max_len=manifest.max_len,
                                   k_max=manifest.k_max, stats=DecodeStats(k=k))
-        decode(state, pack.backend.target(), drafter, FixedK(k))
+        with pack.exclusive() as backend:
+            decode(state, backend.target(), drafter, FixedK(k))
         if stats is not None:
             stats.append(state.stats.tokens_per_s)
         return state.out

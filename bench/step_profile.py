@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 
-def _feeds(session: Any, context: int, new: int, k: int, vocab: int) -> dict[str, np.ndarray]:
+def step_feeds(session: Any, context: int, new: int, k: int, vocab: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(0)
     feeds: dict[str, np.ndarray] = {
         "input_ids": rng.integers(0, min(vocab, 1000), (1, new)), "position_ids": np.arange(context, context + new)[None],
@@ -67,7 +67,7 @@ def profile(path: Path, new: int, k: int, context: int, reps: int, threads: int,
         opts.enable_profiling = True
         opts.profile_file_prefix = str(Path(tmp) / "profile")
         session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-        feeds = _feeds(session, context, new, k, vocab)
+        feeds = step_feeds(session, context, new, k, vocab)
         for _ in range(3):
             session.run(None, feeds)
         for _ in range(reps):

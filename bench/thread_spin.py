@@ -31,7 +31,7 @@ def measure(pack: Path, spin: bool, context: int, k: int, steps: int, threads: i
     import onnxruntime as ort
 
     sys.path.insert(0, str(Path(__file__).parent))
-    from step_profile import _feeds
+    from step_profile import step_feeds
 
     from specpack.contract.manifest import Manifest
     from specpack.runtime.ort_session import session_options
@@ -44,8 +44,8 @@ def measure(pack: Path, spin: bool, context: int, k: int, steps: int, threads: i
                                     providers=["CPUExecutionProvider"])
 
     draft, target = session(manifest.draft), session(manifest.target)
-    one, verify = _feeds(draft, context, 1, 0, vocab), _feeds(target, context, k + 1, k, vocab)
-    single, padded = _feeds(target, context, 1, 0, vocab), _feeds(target, context, 2, 1, vocab)
+    one, verify = step_feeds(draft, context, 1, 0, vocab), step_feeds(target, context, k + 1, k, vocab)
+    single, padded = step_feeds(target, context, 1, 0, vocab), step_feeds(target, context, 2, 1, vocab)
     times: dict[str, list[float]] = {"draft_ms": [], "verify_ms": [], "spec_step_ms": [], "target_step_ms": [],
                                      "padded_step_ms": []}
     for i in range(steps + 2):  # two warm-up steps

@@ -116,7 +116,7 @@ class Timer:
         import onnxruntime as ort
 
         from specpack.graphs.greedy_form import greedy_form
-        from specpack.runtime.backends.cuda import EXTERNAL_DATA_FOLDER
+        from specpack.runtime.ort_session import EXTERNAL_DATA_FOLDER
 
         self.ort, self.device = ort, device
         opts = ort.SessionOptions()
@@ -153,7 +153,7 @@ class Timer:
         return buffer.view()
 
     def median_ms(self, inputs: dict[str, Any], outputs: dict[str, Any], reps: int) -> float:
-        from specpack.runtime.backends.cuda import bind
+        from specpack.runtime.device_buffers import bind
 
         binding = self.session.io_binding()
         bind(binding, self.device, {n: v for n, v in inputs.items() if n in self.inputs}, outputs)

@@ -10,6 +10,10 @@
       -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (export/writer.py, the schema in contract/)
          (--max-tree-nodes T: the target's tree form + the tree head, and kv_compact.onnx; docs/trees.md)
 
+Each stage is a function returning a frozen record (export/stages.py: Sources, PlainGraphs, QuantizedGraphs,
+AttachedGraphs) that the next stage reads; none is changed after it is returned. The work of each runs in its own
+process (config.isolate), through the small module-level functions at the end of this file.
+
 An n-gram pack (--drafter ngram) has no draft model: the draft's stages are skipped. A head pack (--draft-head HEAD)
 has none either: the head is checked against the target (its weights' hash) before anything is exported, the
 target's plain graph also outputs the features the head reads, and head_step.onnx is exported from the head
@@ -25,19 +29,24 @@ from __future__ import annotations
 import shutil
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from specpack.errors import SpecpackError
 from specpack.export.config import ExportConfig
 from specpack.export.graph_form import GraphForm
 from specpack.export.model_info import ModelInfo, read_model_info, require_weights
 from specpack.export.progress import phase
-from specpack.export.sources import resolve_source, source_record
+from specpack.export.sources import resolve_source
+from specpack.export.stages import AttachedGraphs, Graph, Model, PlainGraphs, QuantizedGraphs, Role, Sources
 from specpack.export.staging import check_destination, publish, run_isolated, staging_dir, stop_on_signals
 from specpack.export.writer import write_pack_manifest
 from specpack.names import DRAFT_STEP_FILE, HEAD_STEP_FILE, VERIFY_FILE
 from specpack.quantize import modes
+
+if TYPE_CHECKING:
+    from specpack.export.tokenizer_export import TokenizerRecord
 
 T = TypeVar("T")
 
@@ -48,6 +57,28 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
     None and the pack holds the target alone (its drafts come from prompt lookup at run time)."""
     config = config or ExportConfig()
     out = Path(out)
+    sources = resolve_sources(draft_src, target_src, out, config)
+    with staging_dir(out) as staging:
+        work = staging / "work"
+        work.mkdir()
+        plain = plain_graphs(sources, work, config)
+        quantized = quantized_graphs(sources, plain, work, config)
+        from specpack.export.tokenizer_export import write_tokenizer
+
+        tokenizer = write_tokenizer(sources.target.model_dir, staging)
+        quantized = measured_graphs(sources, quantized, tokenizer, staging, config)
+        attached = attached_graphs(sources, quantized, staging, config)
+        shutil.rmtree(work)
+        write_pack_manifest(staging, config=config, sources=sources, graphs=attached, tokenizer=tokenizer)
+        publish(staging, out, config.overwrite)
+    _log(f"pack written to {out}")
+    return out
+
+
+def resolve_sources(draft_src: str | None, target_src: str, out: Path, config: ExportConfig) -> Sources:
+    """Stage 0: every option checked that can be before a model is touched, the sources resolved to model
+    directories (a GGUF file converts, in its own process), a draft head checked against the target, each model's
+    config read, the vocabularies compared."""
     _check_draft_source(draft_src, config)
     config.check_sources(draft_src, target_src)
     head_dir = None if config.draft_head is None else Path(config.draft_head).expanduser()
@@ -60,112 +91,134 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
         from specpack.export.builder_export import builder_version
 
         builder_version()
-    methods = {"target": config.quantization("target", target_src)}
-    if draft_src is not None:
-        methods["draft"] = config.quantization("draft", draft_src)
+    srcs: dict[Role, str] = {"target": target_src} if draft_src is None else {"draft": draft_src, "target": target_src}
+    methods = {role: config.quantization(role, src) for role, src in reversed(srcs.items())}  # the target's first
     if config.calib_prompts is not None and set(methods.values()) & set(modes.CALIBRATED):
         from specpack.calibration.sets import check_prompt_file
 
         check_prompt_file(config.calib_prompts)  # a bad file fails now, not after the exports
     # a GGUF source converts to an fp32 model directory (the 1.5B peaks near 9 GB): each in its own process
     with phase("preparing the target's source (a .gguf file converts once to a cached model directory)", _log):
-        target_dir = _run_stage(resolve_source, config.isolate, target_src)
-    draft_dir = target_dir
+        dirs: dict[Role, Path] = {"target": _run_stage(resolve_source, config.isolate, target_src)}
     if draft_src is not None:
         with phase("preparing the draft's source", _log):
-            draft_dir = _run_stage(resolve_source, config.isolate, draft_src)
-    for model_dir in (draft_dir, target_dir):
+            dirs["draft"] = _run_stage(resolve_source, config.isolate, draft_src)
+    for model_dir in (dirs.get("draft", dirs["target"]), dirs["target"]):
         require_weights(model_dir)
-    head_record: dict[str, Any] | None = None
+    head: dict[str, Any] | None = None
     if head_dir is not None:  # refused here, before any export, when it was trained for another target
         _log(f"checking the draft head {head_dir} against the target ...")
-        head_record = _run_stage(_check_head, config.isolate, head_dir, target_dir, target_src)
-    taps = tuple(head_record["config"]["taps"]) if head_record is not None else ()
+        head = _run_stage(_check_head, config.isolate, head_dir, dirs["target"], target_src)
     if config.graphs == "builder":
         from specpack.export.builder_export import check_builder_model
 
-        for role, model_dir in (("draft", draft_dir), ("target", target_dir))[1 if draft_src is None else 0:]:
-            check_builder_model(model_dir, role)
-    draft_info, target_info = read_model_info(draft_dir), read_model_info(target_dir)
+        for role in srcs:
+            check_builder_model(dirs[role], role)
+    draft_dir = dirs.get("draft", dirs["target"])
+    draft_info, target_info = read_model_info(draft_dir), read_model_info(dirs["target"])
     from specpack.export.vocab import check_same_vocabulary
 
-    vocab_size = check_same_vocabulary(draft_dir, target_dir, draft_info.vocab_rows, target_info.vocab_rows)
+    vocab_size = check_same_vocabulary(draft_dir, dirs["target"], draft_info.vocab_rows, target_info.vocab_rows)
     max_len = config.resolve_max_len(draft_info.max_positions, target_info.max_positions)
-    forms = {"draft": config.graph_form(draft_info.head_dim), "target": config.graph_form(target_info.head_dim)}
+    infos = {"draft": draft_info, "target": target_info}
+    forms = {role: config.graph_form(infos[role].head_dim) for role in ("draft", "target")}
+    models = tuple(Model(role, srcs[role], dirs[role], infos[role], forms[role], methods[role]) for role in srcs)
+    return Sources(models=models, vocab_size=vocab_size, max_len=max_len, head_dir=head_dir, head=head)
 
-    with staging_dir(out) as staging:
-        work = staging / "work"
-        work.mkdir()
-        roles = {"target": (target_src, target_dir)} if draft_src is None else {
-            "draft": (draft_src, draft_dir), "target": (target_src, target_dir)}  # an n-gram pack: no draft
-        plain = {role: work / f"{role}.onnx" for role in roles}
-        quantization: dict[str, dict[str, Any]] = {}
-        for role, (_, model_dir) in roles.items():
-            if config.graphs == "builder":  # the builder quantizes as it builds (--quantize-* int4 / int8)
-                with phase(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder"
-                           + ("" if methods[role] == modes.NONE else f", {methods[role]} weights"), _log):
-                    plain[role], record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
-                                                     config.dtype, config.execution_provider, methods[role])
-                if record is not None:
-                    quantization[role] = record
-                continue
-            tree = config.max_tree_nodes if role == "target" else 0
-            with phase(f"exporting the {role} ({model_dir.name})", _log):
-                _run_stage(_export_plain, config.isolate, model_dir, plain[role], config.dtype, forms[role],
-                           taps if role == "target" else (), tree)
-        graphs = dict(plain)
-        for role, (src, model_dir) in roles.items():
-            method = methods[role]
-            if method != modes.NONE and role not in quantization:
-                graphs[role] = work / f"{role}.{method}.onnx"
-                gguf = Path(src).expanduser() if method == modes.GGUF else None
-                with phase(f"quantizing the {role} ({method})", _log):
-                    if method in modes.CALIBRATED:
-                        quantization[role] = _run_stage(_calibrate, config.isolate, plain[role], graphs[role], method,
-                                                        model_dir, config)
-                    else:
-                        quantization[role] = _run_stage(_quantize, config.isolate, plain[role], graphs[role], method,
-                                                        gguf)
-        from specpack.export.tokenizer_export import write_tokenizer
 
-        tokenizer = write_tokenizer(target_dir, staging)
-        if quantization and config.fidelity and any(forms[role].kv_cache != "concat" for role in forms):
-            _log("fidelity is measured on concat-form graphs only: skipped for this static-form pack")
-        elif quantization and config.fidelity and "draft" in roles:  # n-gram packs: no draft to replay with
-            with phase("measuring the quantized graphs against the unquantized ones (fidelity; --no-fidelity skips it)",
-                       _log):
-                fidelity = _run_stage(_fidelity, config.isolate, graphs, plain, quantization, staging,
-                                      tokenizer.eos_token_ids, config)
-            for role, record in quantization.items():
-                record["fidelity"] = {**fidelity.get(role, {}),
-                                      **{key: fidelity[key] for key in ("prompts", "prompt_source", "new_tokens")}}
-        for role, graph_file in (("draft", DRAFT_STEP_FILE), ("target", VERIFY_FILE))[1 if draft_src is None else 0:]:
-            if graphs[role] != plain[role]:
-                _remove_graph(plain[role])  # the unquantized intermediate: only the pack's graphs stay
-            tree = config.max_tree_nodes if role == "target" else 0
-            with phase(f"attaching the {role}'s sampling and acceptance head ({graph_file})", _log):
-                _run_stage(_attach, config.isolate, graphs[role], staging / graph_file, role, vocab_size,
-                           forms[role].heads, tree)
-        if config.max_tree_nodes:
-            from specpack.graphs.kv_compact import write_kv_compact
-            from specpack.names import KV_COMPACT_FILE
+def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGraphs:
+    """Stage 1: each model's plain graph, exported with torch (each in its own process), or built by
+    onnxruntime-genai's model builder, which quantizes as it builds (--quantize-* int4 / int8)."""
+    graphs: dict[Role, Graph] = {}
+    for model in sources.models:
+        role, model_dir, method = model.role, model.model_dir, model.method
+        if config.graphs == "builder":
+            with phase(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder"
+                       + ("" if method == modes.NONE else f", {method} weights"), _log):
+                path, record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
+                                          config.dtype, config.execution_provider, method)
+            graphs[role] = Graph(path, record)
+            continue
+        path = work / f"{role}.onnx"
+        with phase(f"exporting the {role} ({model_dir.name})", _log):
+            _run_stage(_export_plain, config.isolate, model_dir, path, config.dtype, model.form,
+                       sources.taps if role == "target" else (), config.max_tree_nodes if role == "target" else 0)
+        graphs[role] = Graph(path)
+    return PlainGraphs(graphs)
 
-            write_kv_compact(staging / KV_COMPACT_FILE, target_info.num_layers, target_info.kv_heads,
-                             target_info.head_dim, config.dtype)
-        if head_dir is not None:
-            with phase("exporting the draft head's step graph", _log):
-                _run_stage(_export_head, config.isolate, head_dir, target_dir, staging / HEAD_STEP_FILE, config.dtype,
-                           vocab_size)
-        shutil.rmtree(work)
-        write_pack_manifest(
-            staging, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
-            draft=None if draft_src is None else (source_record(draft_src, draft_dir), draft_info),
-            target=(source_record(target_src, target_dir), target_info), forms=forms, quantization=quantization,
-            graph_record=config.plain_graph_record(), head=head_record,
-        )
-        publish(staging, out, config.overwrite)
-    _log(f"pack written to {out}")
-    return out
+
+def quantized_graphs(sources: Sources, plain: PlainGraphs, work: Path, config: ExportConfig) -> QuantizedGraphs:
+    """Stage 2: each model's quantization mode applied to its plain graph: weight-only (quantize/stage.py), or
+    calibrated Q/DQ from --calib-prompts (calibration/); a graph the builder quantized, or one left unquantized,
+    is its plain graph."""
+    graphs: dict[Role, Graph] = {}
+    for model in sources.models:
+        role, method, graph = model.role, model.method, plain.graphs[model.role]
+        if method == modes.NONE or graph.quantization is not None:
+            graphs[role] = graph
+            continue
+        path = work / f"{role}.{method}.onnx"
+        gguf = Path(model.src).expanduser() if method == modes.GGUF else None
+        with phase(f"quantizing the {role} ({method})", _log):
+            if method in modes.CALIBRATED:
+                record = _run_stage(_calibrate, config.isolate, graph.path, path, method, model.model_dir, config)
+            else:
+                record = _run_stage(_quantize, config.isolate, graph.path, path, method, gguf)
+        graphs[role] = Graph(path, record)
+    return QuantizedGraphs(plain, graphs)
+
+
+def measured_graphs(sources: Sources, quantized: QuantizedGraphs, tokenizer: TokenizerRecord, pack_dir: Path,
+                    config: ExportConfig) -> QuantizedGraphs:
+    """Stage 3: the quantized graphs measured against the unquantized ones (quantize/fidelity.py); the same graphs,
+    each quantization record with its `fidelity` added. Concat-form packs with a draft model only."""
+    records = quantized.quantized
+    if not records or not config.fidelity:
+        return quantized
+    if any(model.form.kv_cache != "concat" for model in sources.models):
+        _log("fidelity is measured on concat-form graphs only: skipped for this static-form pack")
+        return quantized
+    if sources.draft is None:  # n-gram packs: no draft to replay with
+        return quantized
+    with phase("measuring the quantized graphs against the unquantized ones (fidelity; --no-fidelity skips it)", _log):
+        fidelity = _run_stage(_fidelity, config.isolate, {r: g.path for r, g in quantized.graphs.items()},
+                              {r: g.path for r, g in quantized.plain.graphs.items()}, records, pack_dir,
+                              tokenizer.eos_token_ids, config)
+    shared = {key: fidelity[key] for key in ("prompts", "prompt_source", "new_tokens")}
+    graphs = {role: graph if graph.quantization is None else
+              replace(graph, quantization={**graph.quantization, "fidelity": {**fidelity.get(role, {}), **shared}})
+              for role, graph in quantized.graphs.items()}
+    return QuantizedGraphs(quantized.plain, graphs)
+
+
+def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path, config: ExportConfig) -> AttachedGraphs:
+    """Stage 4: the sampling and acceptance head on each (quantized) graph: draft_step.onnx, verify.onnx (graphs/);
+    a head pack's head_step.onnx from the trained head. The unquantized intermediates are removed."""
+    files: dict[Role, str] = {}
+    for model in sources.models:
+        role, graph = model.role, quantized.graphs[model.role]
+        graph_file = DRAFT_STEP_FILE if role == "draft" else VERIFY_FILE
+        plain = quantized.plain.graphs[role].path
+        if graph.path != plain:
+            _remove_graph(plain)  # the unquantized intermediate: only the pack's graphs stay
+        with phase(f"attaching the {role}'s sampling and acceptance head ({graph_file})", _log):
+            _run_stage(_attach, config.isolate, graph.path, pack_dir / graph_file, role, sources.vocab_size,
+                       model.form.heads, config.max_tree_nodes if role == "target" else 0)
+        files[role] = graph_file
+    if config.max_tree_nodes:  # the tree form's cache compaction (docs/trees.md)
+        from specpack.graphs.kv_compact import write_kv_compact
+        from specpack.names import KV_COMPACT_FILE
+
+        info = sources.target.info
+        write_kv_compact(pack_dir / KV_COMPACT_FILE, info.num_layers, info.kv_heads, info.head_dim, config.dtype)
+    head_file = None
+    if sources.head_dir is not None:
+        head_file = HEAD_STEP_FILE
+        with phase("exporting the draft head's step graph", _log):
+            _run_stage(_export_head, config.isolate, sources.head_dir, sources.target.model_dir, pack_dir / head_file,
+                       config.dtype, sources.vocab_size)
+    return AttachedGraphs(files=files, quantization={role: g.quantization for role, g in quantized.graphs.items()},
+                          head_file=head_file)
 
 
 def _check_draft_source(draft_src: str | None, config: ExportConfig) -> None:

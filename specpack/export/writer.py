@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,35 +17,28 @@ from specpack.contract.manifest import (
     HeadEntry,
     Manifest,
     ModelEntry,
-    SourceRecord,
     TensorSpec,
     parse_manifest,
     schema_error,
 )
 from specpack.hashing import sha256_file
-from specpack.names import DRAFT_STEP_FILE, HEAD_STEP_FILE, VERIFY_FILE
+from specpack.names import HEAD_STEP_FILE
 
 if TYPE_CHECKING:
     from specpack.export.config import ExportConfig
     from specpack.export.graph_form import GraphForm
-    from specpack.export.model_info import ModelInfo
+    from specpack.export.stages import AttachedGraphs, Model, QuantizationRecord, Sources
     from specpack.export.tokenizer_export import TokenizerRecord
 
 
-def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int,
-                        tokenizer: TokenizerRecord, draft: tuple[dict[str, Any], ModelInfo] | None,
-                        target: tuple[dict[str, Any], ModelInfo], forms: dict[str, GraphForm] | None = None,
-                        quantization: dict[str, dict[str, Any]] | None = None,
-                        graph_record: dict[str, str] | None = None, head: dict[str, Any] | None = None) -> Manifest:
+def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs: AttachedGraphs,
+                        tokenizer: TokenizerRecord) -> Manifest:
     """Validated against the schema before it is written: a pack the reader would refuse is never written.
-    `draft` None: a pack without a draft model (drafter "ngram"). forms: each role's ("draft", "target") graph
-    form, absent: the concat form; quantization: the quantize stage's record of each quantized model;
-    graph_record: how the plain graphs were made (GraphEntry `exporter`, `execution_provider`), absent: torch;
-    head: a draft head's record (heads/head_file.py's head.json) for a pack with head_step.onnx (drafter "head")."""
+    From the export's stage records (export/stages.py): `sources` (the models; no draft: drafter "ngram", or "head"
+    with sources.head, head.json's record, for a pack with head_step.onnx), `graphs` (the pack's graph files and
+    each model's quantization record); config.plain_graph_record() says how the plain graphs were made."""
     try:
-        manifest = _manifest(pack_dir, config=config, vocab_size=vocab_size, max_len=max_len, tokenizer=tokenizer,
-                             draft=draft, target=target, forms=forms or {}, quantization=quantization or {},
-                             graph_record=graph_record or {}, head=head)
+        manifest = _manifest(pack_dir, config=config, sources=sources, graphs=graphs, tokenizer=tokenizer)
     except ValidationError as err:
         raise schema_error(err, "the export produced a manifest that does not match the pack schema") from None
     parse_manifest(manifest.to_json().encode())  # the reader takes exactly what is written
@@ -52,23 +46,25 @@ def write_pack_manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int
     return manifest
 
 
-def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len: int, tokenizer: TokenizerRecord,
-              draft: tuple[dict[str, Any], ModelInfo] | None, target: tuple[dict[str, Any], ModelInfo],
-              forms: dict[str, GraphForm], quantization: dict[str, dict[str, Any]],
-              graph_record: dict[str, str], head: dict[str, Any] | None) -> Manifest:
+def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs: AttachedGraphs,
+              tokenizer: TokenizerRecord) -> Manifest:
     files = [FileEntry(path=p.relative_to(pack_dir).as_posix(), sha256=sha256_file(p), size=p.stat().st_size)
              for p in sorted(pack_dir.rglob("*")) if p.is_file() and p.name != MANIFEST_FILE and not p.name.startswith(".")]
+    graph_record = config.plain_graph_record()
+    models = {model.role: _model_entry(pack_dir, graphs.files[model.role], model, config.dtype,
+                                       graphs.quantization.get(model.role), graph_record,
+                                       config.max_tree_nodes if model.role == "target" else 0)
+              for model in sources.models}
+    head = sources.head
     return Manifest(
-        drafter="model" if draft is not None else "head" if head is not None else "ngram",
-        head=None if head is None else head_entry(pack_dir, head, config.dtype),
-        draft=None if draft is None else _model_entry(pack_dir, DRAFT_STEP_FILE, *draft, config.dtype, forms.get("draft"),
-                                                      quantization.get("draft"), graph_record),
-        target=_model_entry(pack_dir, VERIFY_FILE, *target, config.dtype, forms.get("target"), quantization.get("target"),
-                            graph_record, config.max_tree_nodes),
-        vocab_size=vocab_size,
+        drafter="model" if sources.draft is not None else "head" if head is not None else "ngram",
+        head=None if head is None else head_entry(pack_dir, head, config.dtype, graphs.head_file or HEAD_STEP_FILE),
+        draft=models.get("draft"),
+        target=models["target"],
+        vocab_size=sources.vocab_size,
         eos_token_ids=sorted(tokenizer.eos_token_ids),
         k_max=config.k,
-        max_len=max_len,
+        max_len=sources.max_len,
         tokenizer_files=tokenizer.files,
         has_chat_template=tokenizer.has_chat_template,
         files=files,
@@ -76,12 +72,12 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, vocab_size: int, max_len:
     )
 
 
-def head_entry(pack_dir: Path, record: dict[str, Any], dtype: str) -> HeadEntry:
+def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file: str = HEAD_STEP_FILE) -> HeadEntry:
     """The manifest's head entry from head.json's record: what the runtime needs typed, the training record kept."""
     config = record["config"]
     losses = record.get("losses") or []
     return HeadEntry.model_validate({
-        "kind": record["kind"], "graph": graph_entry(pack_dir, HEAD_STEP_FILE), "dtype": dtype, "taps": config["taps"],
+        "kind": record["kind"], "graph": graph_entry(pack_dir, graph_file), "dtype": dtype, "taps": config["taps"],
         "feature_dim": config["target_hidden"] * len(config["taps"]), "hidden": config["hidden"],
         "kv_heads": config["kv_heads"], "head_dim": config["head_dim"], "subset_size": config["subset_size"],
         "subset_sha256": record["subset_sha256"], "weights_sha256": record["weights_sha256"],
@@ -91,14 +87,15 @@ def head_entry(pack_dir: Path, record: dict[str, Any], dtype: str) -> HeadEntry:
         "training": record.get("training", {}), "losses": {"first": losses[0], "last": losses[-1]} if losses else {}})
 
 
-def _model_entry(pack_dir: Path, graph_file: str, source: dict[str, Any], info: ModelInfo, dtype: str,
-                 form: GraphForm | None, quantization: dict[str, Any] | None,
+def _model_entry(pack_dir: Path, graph_file: str, model: Model, dtype: str, quantization: QuantizationRecord | None,
                  graph_record: dict[str, str] | None = None, tree_nodes: int = 0) -> ModelEntry:
+    info = model.info
     return ModelEntry.model_validate({
-        "source": SourceRecord(**source), "model_type": info.model_type, "num_layers": info.num_layers,
+        "source": model.record(), "model_type": info.model_type, "num_layers": info.num_layers,
         "kv_heads": info.kv_heads, "head_dim": info.head_dim, "vocab_rows": info.vocab_rows,
         "max_positions": info.max_positions, "dtype": dtype,
-        "graph": graph_entry(pack_dir, graph_file, form, graph_record, tree_nodes), "quantization": quantization})
+        "graph": graph_entry(pack_dir, graph_file, model.form, graph_record, tree_nodes),
+        "quantization": None if quantization is None else dict(quantization)})
 
 
 def graph_entry(pack_dir: Path, graph_file: str, form: GraphForm | None = None,

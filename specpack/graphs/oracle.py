@@ -138,9 +138,7 @@ def verify(target_logits: np.ndarray, draft_tokens: np.ndarray, draft_probs: np.
     x = np.asarray(draft_tokens, dtype=np.int64)  # [k]
     k = len(x)
     if params.greedy:
-        best = np.argmax(target_logits, axis=-1)  # [k+1]
-        n = _leading_true(x == best[:k])  # accept while x_i == argmax p_i
-        return n, int(best[n])  # argmax at the first mismatch, or the bonus argmax
+        return greedy_verify(np.argmax(target_logits, axis=-1), x)
 
     p = transform(target_logits, params)  # [k+1, V] target distributions
     q = np.asarray(draft_probs, dtype=F32).reshape(k, p.shape[-1])  # [k, V]
@@ -157,6 +155,14 @@ def verify(target_logits: np.ndarray, draft_tokens: np.ndarray, draft_probs: np.
     if residual.max() == 0.0:  # p_n <= q_n everywhere (fp rounding when p ~ q): no mass, fall back to p_n
         residual = p[n]
     return n, draw(residual, float(u[k]))
+
+
+def greedy_verify(best: np.ndarray, draft_tokens: np.ndarray) -> tuple[int, int]:
+    """The greedy acceptance test from the target's argmaxes best [k+1] at the k drafted positions and one more
+    (what follows the first mismatch does not matter): (n_accepted, next_token)."""
+    x = np.asarray(draft_tokens, dtype=np.int64)  # [k]
+    n = _leading_true(x == np.asarray(best[: len(x)]))  # accept while x_i == argmax p_i
+    return n, int(best[n])  # argmax at the first mismatch, or the bonus argmax
 
 
 def _leading_true(flags: np.ndarray) -> int:

@@ -10,7 +10,8 @@ Greedy alpha needs no decode loop. On the target's own greedy continuation T, dr
 prefix T[:c], draft i (0-based) is accepted iff it and every draft before it equal T's next tokens, and
 while they do the draft reads exactly T; so draft i is accepted iff argmax draft(T[:c+j]) == T[c+j] for
 j = 0..i. One teacher-forced draft pass over T gives those argmaxes at every position, and
-`greedy_acceptance` replays runtime/loop.py's steps (k capped at the tokens still to emit) from them.
+`greedy_acceptance` runs runtime/loop.py's own steps over them (runtime/replay.py: k capped at the tokens still to
+emit, the greedy acceptance test of graphs/oracle.py).
 
 Works on any pair of plain graphs with the export/ contract (names.py), so calibrated Q/DQ graphs reuse it.
 """
@@ -142,25 +143,21 @@ class Acceptance:
 
 def greedy_acceptance(draft_next: Sequence[int], sequence: Sequence[int], prompt_len: int, k: int,
                       into: Acceptance | None = None) -> Acceptance:
-    """Replay greedy speculative decoding with k drafts a step (runtime/loop.py's steps).
+    """Greedy speculative decoding with k drafts a step, replayed through runtime/loop.py's own steps
+    (runtime/replay.py).
 
     sequence: prompt + the target's greedy continuation (all of it is emitted); draft_next[i]: the draft's
     argmax after reading sequence[: i + 1]. The prefill emits the first new token; each step proposes
     min(k, tokens left - 1) drafts and emits the accepted ones plus one target token.
     """
+    from specpack.runtime.k_policy import FixedK
+    from specpack.runtime.replay import ArgmaxDrafter, replay_greedy
+
     acc = into if into is not None else Acceptance()
-    total = len(sequence) - prompt_len  # new tokens
-    n_ctx, emitted = prompt_len + 1, 1  # committed tokens; new tokens emitted so far
-    while emitted < total:
-        k_step = min(k, total - emitted - 1)
-        n = 0
-        while n < k_step and draft_next[n_ctx - 1 + n] == sequence[n_ctx + n]:
-            n += 1
-        acc.steps += 1
-        acc.proposed += k_step
-        acc.accepted += n
-        n_ctx += n + 1
-        emitted += n + 1
+    stats = replay_greedy(sequence, prompt_len, ArgmaxDrafter(draft_next), FixedK(k)).stats
+    acc.steps += stats.steps
+    acc.proposed += stats.proposed
+    acc.accepted += stats.accepted
     return acc
 
 

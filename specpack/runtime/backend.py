@@ -48,6 +48,8 @@ class BackendOptions:
                                    # alone"); False: one row alone (bench/row_invariance.py measures the difference)
     verified_reads: bool = False   # every file from bytes hashed as they are read, every graph opened at load (a
                                    # pinned load: contract/verified_read.py); False: sessions read the checked files
+    cuda_graphs: bool = True       # the cuda backend captures CUDA graphs for greedy runs; False: it runs them
+                                   # uncaptured (bench/gpu.py measures both)
 
 
 class TargetModel(Protocol):

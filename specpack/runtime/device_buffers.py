@@ -2,6 +2,7 @@
 
     DeviceArray          one OrtValue on the device (zero-filled at allocation); views by pointer offset
     DeviceView           (ptr, shape, dtype): what an IOBinding binds; a view of a DeviceArray, no copy
+    bind                 views bound to an IOBinding by pointer
     DeviceStaticKVCache  the static cache (runtime/static_kv_cache.py) with its buffers and mask on the device
 
 Host -> device copies go through `OrtValue.update_inplace` (the buffer keeps its address: what CUDA graph
@@ -11,7 +12,7 @@ replay needs); device -> host through `OrtValue.numpy()`. Per run the cache uplo
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import onnxruntime as ort
@@ -45,6 +46,16 @@ class DeviceArray:
 
     def read(self) -> np.ndarray:
         return self.value.numpy()
+
+
+def bind(binding: Any, device: str, inputs: dict[str, DeviceView], outputs: dict[str, DeviceView],
+         wanted: set[str] | None = None) -> None:
+    """Bind by pointer; `wanted`: the graph's inputs (others are skipped), None: all."""
+    for name, v in inputs.items():
+        if wanted is None or name in wanted:
+            binding.bind_input(name, device, 0, v.dtype.type, v.shape, v.ptr)
+    for name, v in outputs.items():
+        binding.bind_output(name, device, 0, v.dtype.type, v.shape, v.ptr)
 
 
 class DeviceStaticKVCache(StaticLengthCache):

@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from specpack.contract.integrity import verify_pack
@@ -54,7 +54,8 @@ class Generation:
 
 
 def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | None = None,
-         manifest_sha256: str | None = None, ngram: NgramConfig | None = None) -> Pack:
+         manifest_sha256: str | None = None, ngram: NgramConfig | None = None,
+         options: BackendOptions | None = None) -> Pack:
     """Open a pack: check every file against the manifest, then load the tokenizer and the backend.
 
     device: a registered backend ("cpu", "cuda", "reference"; runtime/backend.py). threads: intra-op threads
@@ -64,17 +65,23 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | No
     hashed (the `.verified.json` stamp is not trusted), and the graphs, their external data and the tokenizer are
     handed over as the very bytes that were hashed, every graph opened at load (docs/security.md).
     `ngram`: the n-gram drafter's n range (default NgramConfig()).
+    `options`: the backend's other options (runtime/backend.py's BackendOptions: pad_single_steps, cuda_graphs;
+    what bench measures); `threads` and the pin override its fields.
     """
     path = Path(check_load_args(path, threads))
     if ngram is not None and not isinstance(ngram, NgramConfig):
         raise SpecpackError("invalid ngram", expected="an NgramConfig(n_min, n_max), or None", found=repr(ngram)[:80],
                             hint="from specpack.runtime.ngram_drafter import NgramConfig; ngram=NgramConfig(2, 4)")
+    if options is not None and not isinstance(options, BackendOptions):
+        raise SpecpackError("invalid options", expected="a BackendOptions(...), or None", found=repr(options)[:80],
+                            hint="from specpack.runtime.backend import BackendOptions")
     pinned = manifest_sha256 is not None
     manifest = Manifest.read(path, sha256=manifest_sha256)
     # pinned: what the runtime reads is hashed as it is read (contract/verified_read.py); every other file here
     verify_pack(path, manifest, full=pinned, deferred=set(manifest.loaded_files()) if pinned else ())
     tokenizer = _load_tokenizer(path, manifest, pinned)
-    backend = open_backend(device, path, manifest, BackendOptions(threads=threads, verified_reads=pinned))
+    options = replace(options or BackendOptions(), threads=threads, verified_reads=pinned)
+    backend = open_backend(device, path, manifest, options)
     return Pack(path, manifest, tokenizer, backend, ngram=ngram)
 
 

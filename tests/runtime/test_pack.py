@@ -134,6 +134,16 @@ def test_ngram_must_be_an_ngram_config(pack_dir: Path) -> None:
         specpack.load(pack_dir, ngram=(2, 4))  # type: ignore[arg-type]
 
 
+def test_backend_options_reach_the_backend(pack_dir: Path) -> None:
+    """load(options=...) hands the backend its options (bench turns pad_single_steps off); threads come from load."""
+    from specpack.runtime.backend import BackendOptions
+
+    with pytest.raises(SpecpackError, match="BackendOptions"):
+        specpack.load(pack_dir, options={"pad_single_steps": False})  # type: ignore[arg-type]
+    with specpack.load(pack_dir, threads=1, options=BackendOptions(pad_single_steps=False, threads=4)) as alone:
+        assert alone.backend.options.pad_single_steps is False and alone.backend.options.threads == 1  # type: ignore[attr-defined]
+
+
 def test_a_tokenizer_id_outside_the_graph_vocabulary_is_refused(pack: Pack, monkeypatch: pytest.MonkeyPatch) -> None:
     vocab = pack.manifest.vocab_size
     monkeypatch.setattr(pack.tokenizer, "encode", lambda text: [1, vocab])

@@ -42,14 +42,14 @@ from specpack.contract.manifest import Manifest, ModelEntry
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView
+from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView, bind
 from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
 from specpack.runtime.graph_check import check_graph_matches
+from specpack.runtime.ort_session import EXTERNAL_DATA_FOLDER
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.target import EngineBackend, refuse_cpu_only
 
 PROVIDER = "CUDAExecutionProvider"
-EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
 # A greedy run over more than k_max + 1 tokens goes as captured chunks of LONG_CHUNK tokens, then of k_max + 1.
 # Measured on an H200 (bench/README.md, "Drafters on the GPU"): an uncaptured run over 82 tokens took about 50 ms,
@@ -133,16 +133,6 @@ class DeviceSession:
     @property
     def graphs_captured(self) -> int:
         return len(self._graph_ids) if self.capture else 0
-
-
-def bind(binding: Any, device: str, inputs: dict[str, DeviceView], outputs: dict[str, DeviceView],
-         wanted: set[str] | None = None) -> None:
-    """Bind by pointer; `wanted`: the graph's inputs (others are skipped), None: all."""
-    for name, v in inputs.items():
-        if wanted is None or name in wanted:
-            binding.bind_input(name, device, 0, v.dtype.type, v.shape, v.ptr)
-    for name, v in outputs.items():
-        binding.bind_output(name, device, 0, v.dtype.type, v.shape, v.ptr)
 
 
 @dataclass
@@ -338,7 +328,7 @@ class CudaBackend(EngineBackend[DeviceTarget, DeviceDraft]):
                                     found=f"{label}: fp32, gqa attention",
                                     hint="re-export with spec-export --kv-cache static --dtype fp16")
         self.path, self.manifest, self.options, self.device = path, manifest, options, device
-        self.cuda_graphs = cuda_graphs and device == "cuda"
+        self.cuda_graphs = cuda_graphs and options.cuda_graphs and device == "cuda"
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
         width = manifest.max_len + manifest.k_max + 1
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
