@@ -242,6 +242,7 @@ def main() -> None:
     parser.add_argument("--shape", default="1.5b", choices=sorted(SHAPES))
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--reps", type=int, default=30)
+    parser.add_argument("--export-only", action="store_true", help="write the graphs under --work and stop")
     args = parser.parse_args()
     dtype = "fp16" if args.device == "cuda" else "fp32"
     args.work.mkdir(parents=True, exist_ok=True)
@@ -251,6 +252,8 @@ def main() -> None:
                               "reps": args.reps, "tree_shape": "four chains of depth T / 4 (a chain below 4 nodes)"}
     chain, tree = export_verify(model_dir, args.work, dtype, 0), export_verify(model_dir, args.work, dtype, TREE_MAX)
     head, cfg = export_head(config, args.work, dtype)
+    if args.export_only:
+        return
     for capture in ((False, True) if args.device == "cuda" else (False,)):
         key = "cuda_graphs" if capture else "no_cuda_graphs"
         entry = result[key] = {"chain_verify_ms": verify_costs(chain, config, dtype, args.device, capture, False,
