@@ -310,22 +310,31 @@ def tree_ancestors(parents: torch.Tensor, rounds: int) -> torch.Tensor:
     return anc
 
 
-def tree_allowed(anc: torch.Tensor, seq: int, start: torch.Tensor, max_len: int) -> torch.Tensor:
+def tree_allowed(anc: torch.Tensor, seq: int, end: torch.Tensor, max_len: int) -> torch.Tensor:
     """[S, M] bool: which cache rows each of the run's S rows may read beyond the causal mask. The run's last T rows
-    are the tree's nodes (cache rows first .. first + T - 1, first = start + S - T); a node reads a node row only
-    when that node is its ancestor or itself. Every other pair is left to the causal mask (True).
+    are the tree's nodes (cache rows first .. first + T - 1, first = end - T, end = L + S the mask's ones); a node
+    reads a node row only when that node is its ancestor or itself. Every other pair is left to the causal mask (True).
 
         a[c]  = c - first if first <= c < first + T else T                      [M] node of cache row c (T: none)
         ext   = [[1 (S-T rows, T+1 cols)], [A | 1]]                              [S, T+1]
         allowed = ext[:, a]                                                      [S, M]
+
+    Shape values (T, M) enter the data only through a Range over them (_shape_value): a shape scalar mixed into
+    device data directly makes ONNX Runtime's CUDA EP copy it from the host mid-graph, and refuse the CUDA graph.
     """
     nodes = anc.shape[0]
-    first = start + seq - nodes  # [1]
+    count = _shape_value(nodes, anc.device)  # [1] T, on the device
+    first = end - count  # [1]
     node = torch.arange(max_len, device=anc.device) - first  # [M]
-    node = torch.where((node >= 0) & (node < nodes), node, torch.zeros_like(node) + nodes)
+    node = torch.where((node >= 0) & (node < count), node, torch.zeros_like(node) + count)
     chain = torch.ones(seq - nodes, nodes + 1, dtype=torch.bool, device=anc.device)  # rows before the nodes
     tree = torch.cat([anc, torch.ones(nodes, 1, dtype=torch.bool, device=anc.device)], dim=1)  # [T, T+1]
     return torch.cat([chain, tree], dim=0).index_select(1, node)
+
+
+def _shape_value(value: int, device: torch.device) -> torch.Tensor:
+    """[1] int64 holding a shape value, made by a Range over shapes (computed on the device: no host copy)."""
+    return torch.arange(value, value + 1, device=device)
 
 
 def tree_bias(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -244,8 +244,8 @@ def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = 
                     parents: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
             seq = input_ids.shape[1]
             anc = sa.tree_ancestors(parents[0], doubling_rounds(tree_nodes))  # [T, T]
-            start = attention_mask.sum(dim=-1) - seq  # [1] L
-            state.begin(attention_mask, past, sa.tree_allowed(anc, seq, start, attention_mask.shape[1]))
+            end = attention_mask.sum(dim=-1)  # [1] L + S (data: the start L is end - S, taken in tree_allowed)
+            state.begin(attention_mask, past, sa.tree_allowed(anc, seq, end, attention_mask.shape[1]))
             out = self.lm(input_ids=input_ids, position_ids=sa.tree_positions(position_ids, anc), use_cache=False,
                           output_hidden_states=bool(taps))
             return (out.logits, *_features(out, taps), *state.ordered_presents())  # [1, S, V], [1, S, F], [1, H, M, D]

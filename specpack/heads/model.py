@@ -193,7 +193,7 @@ class DraftHead(nn.Module):
         a = torch.cat([self.fc(features), hidden_in], dim=1)  # [1, S, H]
         ids = torch.cat([input_ids, draft_ids], dim=1)  # [1, S]
         past_len, new = past_key.shape[2], a.shape[1]
-        positions = past_len + torch.arange(new)
+        positions = torch.arange(past_len, past_len + new)  # a Range over shapes: no shape scalar added to data
         q, k, v = self._qkv(a, ids, positions)
         keys, values = torch.cat([past_key, k], 2), torch.cat([past_value, v], 2)
         allowed = torch.arange(past_len + new)[None, :] <= positions[:, None]  # [S, L + S]
