@@ -41,6 +41,7 @@ class Target(Generic[V]):
         self.engine, self.k_max, self.vocab_size = engine, k_max, vocab_size
         self.pad_single_steps = pad_single_steps and k_max >= 1
         self._one_hot: dict[int, np.ndarray] = {}  # slot -> host [1, k_max, V], all zero between verifies
+        self._rows = np.arange(max(k_max, 1))       # [k_max] row indices of the one-hot writes (no per-step arange)
 
     def reset(self, state: DecodeState) -> None:
         self.engine.reset(state)
@@ -58,7 +59,7 @@ class Target(Generic[V]):
         if q is not None:
             return self._run(state, VerifyRun(state, k, q, parents))
         one_hot = self._one_hot_rows(state.slot)
-        rows = np.arange(k)
+        rows = self._rows[:k]  # a view
         one_hot[0, rows, proposal.tokens] = 1.0  # a deterministic proposal: q one-hot on each token
         try:
             return self._run(state, VerifyRun(state, k, self.engine.upload_q(state.slot, one_hot, k), parents))
