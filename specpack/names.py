@@ -83,6 +83,7 @@ PARENTS = "parents"  # tree verify (graphs/tree_head.py): int64 [1, T], each nod
 PATH = "path"  # tree verify: int64 [1, T+1], the accepted rows, root first, -1 padded
 
 TARGET_FEATURES = "target_features"
+PAST_TARGET_FEATURES = "past_target_features"  # static head packs: the features cache [1, 1, M, F] the verify writes
 FEATURES = "features"
 DRAFT_IDS = "draft_ids"
 HIDDEN_IN = "hidden_in"

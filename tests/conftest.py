@@ -196,16 +196,18 @@ def tiny_head(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., 
 @pytest.fixture(scope="session")
 def tiny_head_pack(tiny_head: Callable[..., tuple[Path, Path]], tiny_store: BuildCache
                    ) -> Callable[..., tuple[Path, Path, Path]]:
-    """(family="qwen2") -> (pack_dir, head_dir, target_dir): `spec-export --target T --draft-head HEAD` (k 4)."""
+    """(family="qwen2", kv_cache="concat") -> (pack_dir, head_dir, target_dir): `spec-export --target T --draft-head
+    HEAD` (k 4) in that KV form (static: the head reads the target's features cache; the cuda backend's form)."""
 
-    def make(family: str = "qwen2") -> tuple[Path, Path, Path]:
+    def make(family: str = "qwen2", kv_cache: str = "concat") -> tuple[Path, Path, Path]:
         from specpack.export.pipeline import ExportConfig, export_pack
 
         head, target = tiny_head(family)
 
         def build(root: Path) -> None:
-            export_pack(None, str(target), root / "pack", ExportConfig(isolate=False, k=4, draft_head=str(head)))
+            export_pack(None, str(target), root / "pack", ExportConfig(isolate=False, k=4, draft_head=str(head),
+                                                                       kv_cache=kv_cache))
 
-        return tiny_store.get(("head_pack", family, str(head)), build) / "pack", head, target
+        return tiny_store.get(("head_pack", family, str(head), kv_cache), build) / "pack", head, target
 
     return make

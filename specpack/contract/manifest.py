@@ -276,9 +276,11 @@ class HeadData(_Open):
 
 
 class HeadEntry(_Open):
-    """A draft head (spec-export --draft-head; docs/heads.md): head_step.onnx (one decoder layer, concat KV cache,
-    positions computed in the graph) and what it was trained as. The target graph outputs `target_features`
-    [1, S, feature_dim], the inputs of the `taps` layers; `target_weights_sha256` is the hash of the target weights
+    """A draft head (spec-export --draft-head; docs/heads.md): head_step.onnx (one decoder layer, its KV cache in the
+    graph's `kv_cache` form: concat, or static with the static attention_mask; positions computed in the graph) and
+    what it was trained as. The target graph outputs `target_features`: [1, S, feature_dim] (concat), or the features
+    cache [1, 1, M, feature_dim] written in place from `past_target_features` (static), the inputs of the `taps`
+    layers; `target_weights_sha256` is the hash of the target weights
     the head was trained on (checked at export). Training details (recipe, losses, settings) are free-form extras."""
 
     kind: Literal["eagle3"]
@@ -301,6 +303,8 @@ class HeadEntry(_Open):
         inputs = {s.name: s for s in self.graph.inputs}
         outputs = {s.name: s for s in self.graph.outputs}
         want_in = set(HEAD_INPUTS) | set(names.kv_names(1, "past"))
+        if self.graph.kv_cache == "static":  # the static mask says where the run's rows go
+            want_in.add(names.ATTENTION_MASK)
         want_out = set(HEAD_OUTPUTS) | set(names.kv_names(1, "present"))
         if set(inputs) != want_in or not want_out <= set(outputs):
             raise ValueError(f"the head graph's I/O is not the contract's: expected inputs {sorted(want_in)} and outputs "
@@ -435,6 +439,8 @@ def _check_graph_names(role: str, model: ModelEntry, vocab_size: int) -> None:
     inputs = {s.name: s for s in model.graph.inputs}
     outputs = {s.name: s for s in model.graph.outputs}
     fed = model.graph.runtime_inputs() | extra_in
+    if role == "target" and model.graph.kv_cache == "static":  # a static head pack's features cache, if it has one
+        fed = fed | ({names.PAST_TARGET_FEATURES} & set(inputs))
     missing = sorted(fed - set(inputs)) + sorted(extra_out - set(outputs))
     if missing:
         raise ValueError(f"the {role} graph lacks {missing}")
@@ -455,6 +461,11 @@ def _check_head(head: HeadEntry, target: ModelEntry, vocab_size: int) -> None:
     if features.shape and isinstance(features.shape[-1], int) and features.shape[-1] != head.feature_dim:
         raise ValueError(f"the target's {names.TARGET_FEATURES} has shape {features.shape}, while the head reads "
                          f"feature_dim {head.feature_dim}")
+    cache = any(s.name == names.PAST_TARGET_FEATURES for s in target.graph.inputs)
+    if head.graph.kv_cache != target.graph.kv_cache or cache != (target.graph.kv_cache == "static"):
+        raise ValueError(f"the head graph's KV form ({head.graph.kv_cache}) is not the target's "
+                         f"({target.graph.kv_cache}, features cache {'in' if cache else 'absent'}): a static head reads "
+                         f"the target's features cache {names.PAST_TARGET_FEATURES!r}")
     probs = next(s for s in head.graph.outputs if s.name == names.PROBS)
     if probs.shape and isinstance(probs.shape[-1], int) and probs.shape[-1] != vocab_size:
         raise ValueError(f"the head graph's probs has shape {probs.shape}, while vocab_size is {vocab_size}")

@@ -31,7 +31,7 @@ from specpack.limits import PROMPT_SET_BYTES
 
 SAMPLED_TEMPERATURE = 0.7
 GENERATION_BATCH = 32
-CORPUS_FILE, CORPUS_RECORD = "corpus.npz", "corpus.json"
+CORPUS_FILE, CORPUS_RECORD, CORPUS_KEY = "corpus.npz", "corpus.json", "corpus.key.json"
 
 
 @dataclass(frozen=True)
@@ -54,15 +54,24 @@ class Corpus:
     mask: np.ndarray   # uint8 [N]
     parts: list[dict[str, Any]]  # Part.record() of each
 
-    def save(self, folder: Path) -> None:
+    def save(self, folder: Path, key: dict[str, Any] | None = None) -> None:
+        """key: what the corpus was built from (recipe, data files, seed, target hash): a later run with the same key
+        reads it instead of building it again (a new head with other optimizer settings on the same data)."""
         folder.mkdir(parents=True, exist_ok=True)
         np.savez(folder / CORPUS_FILE, ids=self.ids, mask=self.mask)
         (folder / CORPUS_RECORD).write_text(json.dumps(self.parts, indent=1), encoding="utf-8")
+        if key is not None:
+            (folder / CORPUS_KEY).write_text(json.dumps(key, sort_keys=True), encoding="utf-8")
 
     @classmethod
-    def load(cls, folder: Path) -> Corpus | None:
+    def load(cls, folder: Path, key: dict[str, Any] | None = None) -> Corpus | None:
+        """The saved corpus; with `key`, only if it was saved with that very key (None otherwise)."""
         if not (folder / CORPUS_FILE).is_file() or not (folder / CORPUS_RECORD).is_file():
             return None
+        if key is not None:
+            saved = folder / CORPUS_KEY
+            if not saved.is_file() or json.loads(saved.read_text(encoding="utf-8")) != json.loads(json.dumps(key)):
+                return None
         with np.load(folder / CORPUS_FILE) as z:
             return cls(z["ids"], z["mask"], json.loads((folder / CORPUS_RECORD).read_text(encoding="utf-8")))
 

@@ -62,11 +62,14 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
     settings = {**config.record(), "recipe": recipe(config), "data": list(config.data)}
     state = load_checkpoint(out, settings, target_sha)
 
-    corpus = Corpus.load(checkpoint_path(out).parent) if state is not None else None
+    key = {"recipe": settings["recipe"], "data": settings["data"], "seed": config.seed, "target_sha256": target_sha}
+    corpus = Corpus.load(checkpoint_path(out).parent, None if state is not None else key)
     if corpus is None:
         _log("building the training data ...")
         corpus = build_corpus(config, target, tokenizer)
-        corpus.save(checkpoint_path(out).parent)
+        corpus.save(checkpoint_path(out).parent, key)
+    else:
+        _log(f"the training data built before, read from {checkpoint_path(out).parent}")
     num_layers = int(target.config.get_text_config(decoder=True).num_hidden_layers)
     head = _new_head(target, config, corpus, num_layers)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr, betas=(0.9, 0.95),

@@ -11,6 +11,14 @@ then the draft step's sampling head attached (graphs/attach.py), so q is written
 C, W and L are dynamic and independent (0 is allowed at run time: W = 0 for the run that catches up, C = 0 for the
 runs that draft from the head's own output). The head is exported in the pack's dtype; its sampling head computes in
 fp32 like every other head.
+
+Two KV forms, the target's (`--kv-cache`):
+    concat   past [1, kvh, L, D] -> present [1, kvh, L + C + W, D] (above)
+    static   + attention_mask int64 [1, M] (ones at [0, L + C + W): the static mask); past / present [1, kvh, M, D], one
+             buffer written in place at rows [L, L + C + W) (export/static_attention.py's ScatterND); `features` is the
+             target's whole features cache [1, 1, M, F] (what the static verify writes in place), rows [L, L + C) read
+             in the graph: every run over the same C, W binds the same buffers with the same shapes whatever L is, so
+             the cuda backend captures it as a CUDA graph
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from specpack.heads.head_file import HeadRecord, build_head, check_target, read_
 
 HEAD_INPUTS = (names.INPUT_IDS, names.FEATURES, names.DRAFT_IDS, names.HIDDEN_IN, *names.kv_names(1, "past"))
 HEAD_OUTPUTS = (names.LOGITS, names.HIDDEN_OUT, *names.kv_names(1, "present"))
+STATIC_HEAD_INPUTS = (*HEAD_INPUTS[:4], names.ATTENTION_MASK, *HEAD_INPUTS[4:])
 
 
 def check_head_for_target(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, Any]:
@@ -44,8 +53,10 @@ def check_head_for_target(head_dir: Path, target_dir: Path, target_src: str) -> 
     return record.data
 
 
-def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: str, vocab_size: int) -> None:
-    """head_step.onnx (+ .data) for the head at `head_dir`, its frozen parts from the target at `target_dir`."""
+def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: str, vocab_size: int,
+                     kv_cache: str = "concat") -> None:
+    """head_step.onnx (+ .data) for the head at `head_dir`, its frozen parts from the target at `target_dir`;
+    kv_cache "concat" or "static" (the target's form)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -54,7 +65,7 @@ def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: st
     head = build_head(record, target).to(getattr(torch, GRAPH_DTYPES[dtype].torch))
     del target
     plain = out_onnx.with_name(f"{out_onnx.stem}.plain.onnx")
-    program = _export(head, record, dtype)
+    program = _export(head, record, dtype, kv_cache == "static")
     _save(program, plain)
     with warnings.catch_warnings():  # the head's logits come from a Scatter, not a recognizable lm_head: they are
         warnings.simplefilter("ignore", LogitsNotPrunedWarning)  # one row already
@@ -82,28 +93,77 @@ class _StepForward:
         return StepForward().eval()
 
 
-def _export(head: Any, record: HeadRecord, dtype: str) -> Any:
+class _StaticStepForward:
+    """forward(input_ids, features, draft_ids, hidden_in, attention_mask, past_key, past_value): DraftHead.step over a
+    static cache. Row r sits at position start + r, start = sum(attention_mask) - S; its key and value are written
+    at cache row start + r and it attends to rows <= start + r (static_attention.standard_attention, GQA by reshape).
+    features [1, 1, M, F] is the target's features cache: the C feature rows are its rows [start, start + C)."""
+
+    @staticmethod
+    def wrap(head: Any) -> Any:
+        import torch
+
+        from specpack.export.static_attention import standard_attention
+
+        c = head.config
+
+        class StaticStepForward(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.head = head
+
+            def forward(self, input_ids: torch.Tensor, features: torch.Tensor, draft_ids: torch.Tensor,
+                        hidden_in: torch.Tensor, attention_mask: torch.Tensor, past_key: torch.Tensor,
+                        past_value: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                ids = torch.cat([input_ids, draft_ids], dim=1)  # [1, S]
+                seq = ids.shape[1]
+                start = attention_mask.sum(dim=-1) - seq  # [1] L: device data (no shape scalar mixed in)
+                rows = features[0, 0].index_select(0, start + torch.arange(input_ids.shape[1]))  # [C, F]
+                a = torch.cat([self.head.fc(rows[None]), hidden_in], dim=1)  # [1, S, H]
+                positions = start + torch.arange(seq)  # [S] a Range over the shape, then the data added
+                q, k, v = self.head._qkv(a, ids, positions)  # q [1, heads, S, D], k / v [1, kv_heads, S, D]
+                out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start,
+                                                                     c.head_dim ** -0.5, None)
+                o = self.head._finish(a, out.reshape(1, seq, c.heads * c.head_dim))  # [1, S, H]
+                last = o[:, -1:]
+                return self.head.full_logits(last), last, present_key, present_value
+
+        return StaticStepForward().eval()
+
+
+def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False) -> Any:
     import torch
     from torch.export import Dim
 
     c = record.config
     torch_dtype = getattr(torch, GRAPH_DTYPES[dtype].torch)
     rows, own, past = 3, 2, 5  # tracing sizes (never 0 or 1, so every dim stays symbolic)
-    example = (torch.zeros(1, rows, dtype=torch.int64), torch.zeros(1, rows, c.feature_dim, dtype=torch_dtype),
-               torch.zeros(1, own, dtype=torch.int64), torch.zeros(1, own, c.hidden, dtype=torch_dtype),
-               torch.zeros(1, c.kv_heads, past, c.head_dim, dtype=torch_dtype),
-               torch.zeros(1, c.kv_heads, past, c.head_dim, dtype=torch_dtype))
+    example: tuple[torch.Tensor, ...] = (
+        torch.zeros(1, rows, dtype=torch.int64), torch.zeros(1, rows, c.feature_dim, dtype=torch_dtype),
+        torch.zeros(1, own, dtype=torch.int64), torch.zeros(1, own, c.hidden, dtype=torch_dtype),
+        torch.zeros(1, c.kv_heads, past, c.head_dim, dtype=torch_dtype),
+        torch.zeros(1, c.kv_heads, past, c.head_dim, dtype=torch_dtype))
     C, W, L = Dim("catchup_rows"), Dim("own_rows"), Dim("past_sequence_length")
-    shapes = ({1: C}, {1: C}, {1: W}, {1: W}, {2: L}, {2: L})
+    shapes: tuple[dict[int, Any], ...] = ({1: C}, {1: C}, {1: W}, {1: W}, {2: L}, {2: L})
+    forward, input_names, translations = _StepForward.wrap(head), list(HEAD_INPUTS), None
+    if static:  # the cache buffers' length M (L above) is the mask's too
+        from specpack.export.static_attention import TRANSLATIONS
+
+        m = rows + own + past  # M: the mask's ones fill it, so the run's rows start at `past`
+        cache = torch.zeros(1, 1, m, c.feature_dim, dtype=torch_dtype)  # [1, 1, M, F]
+        example = (example[0], cache, *example[2:4], torch.ones(1, m, dtype=torch.int64),
+                   *(torch.zeros(1, c.kv_heads, m, c.head_dim, dtype=torch_dtype) for _ in range(2)))
+        shapes = ({1: C}, {2: L}, {1: W}, {1: W}, {1: L}, {2: L}, {2: L})
+        forward, input_names, translations = _StaticStepForward.wrap(head), list(STATIC_HEAD_INPUTS), TRANSLATIONS
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
     level = registration.level
     registration.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            return torch.onnx.export(_StepForward.wrap(head), example, input_names=list(HEAD_INPUTS),
-                                     output_names=list(HEAD_OUTPUTS), dynamic_shapes=shapes, opset_version=OPSET,
-                                     dynamo=True, optimize=True, verbose=False)
+            return torch.onnx.export(forward, example, input_names=input_names, output_names=list(HEAD_OUTPUTS),
+                                     dynamic_shapes=shapes, opset_version=OPSET, dynamo=True, optimize=True,
+                                     verbose=False, custom_translation_table=translations)
     except Exception as e:  # torch.export raises many types; say it was the head
         raise SpecpackError("torch.onnx.export failed for the draft head", expected="an exportable head",
                             found=f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
@@ -112,4 +172,4 @@ def _export(head: Any, record: HeadRecord, dtype: str) -> Any:
         registration.setLevel(level)
 
 
-__all__ = ["HEAD_INPUTS", "HEAD_OUTPUTS", "check_head_for_target", "export_head_step"]
+__all__ = ["HEAD_INPUTS", "HEAD_OUTPUTS", "STATIC_HEAD_INPUTS", "check_head_for_target", "export_head_step"]

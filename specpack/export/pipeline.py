@@ -216,7 +216,7 @@ def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path
         head_file = HEAD_STEP_FILE
         with phase("exporting the draft head's step graph", _log):
             _run_stage(_export_head, config.isolate, sources.head_dir, sources.target.model_dir, pack_dir / head_file,
-                       config.dtype, sources.vocab_size)
+                       config.dtype, sources.vocab_size, config.kv_cache)
     return AttachedGraphs(files=files, quantization={role: g.quantization for role, g in quantized.graphs.items()},
                           head_file=head_file)
 
@@ -255,11 +255,11 @@ def _check_head(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, 
     return check_head_for_target(head_dir, target_dir, target_src)
 
 
-def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_size: int) -> None:
-    """head_step.onnx from the trained head (export/head_export.py)."""
+def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_size: int, kv_cache: str) -> None:
+    """head_step.onnx from the trained head, in the target's KV form (export/head_export.py)."""
     from specpack.export.head_export import export_head_step
 
-    export_head_step(head_dir, target_dir, out, dtype, vocab_size)
+    export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache)
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str,

@@ -75,7 +75,7 @@ def group_query_attention(query: torch.Tensor, key: torch.Tensor, value: torch.T
     v = value.view(batch, seq, kv_num_heads, head_dim).transpose(1, 2)
     start = seqlens_k.to(torch.int64) + 1 - seq  # [1]
     window = local_window_size if local_window_size >= 0 else None  # the last `window` keys, as transformers
-    out, present_key, present_value = _standard(q, k, v, past_key, past_value, start, scale, window)
+    out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start, scale, window)
     return out.reshape(batch, seq, num_heads * head_dim), present_key, present_value
 
 
@@ -99,7 +99,7 @@ def group_query_attention_bias(query: torch.Tensor, key: torch.Tensor, value: to
     k = key.view(batch, seq, kv_num_heads, head_dim).transpose(1, 2)  # [1, Hkv, S, D]
     v = value.view(batch, seq, kv_num_heads, head_dim).transpose(1, 2)
     start = seqlens_k.to(torch.int64) + 1 - seq  # [1]
-    out, present_key, present_value = _standard(q, k, v, past_key, past_value, start, scale, None,
+    out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start, scale, None,
                                                 attention_bias[0, 0] == 0)
     return out.reshape(batch, seq, num_heads * head_dim), present_key, present_value
 
@@ -240,7 +240,7 @@ def make_attention(state: StaticCacheState) -> Callable[..., tuple[torch.Tensor,
         else:
             present_key, present_value = (torch.ops.specpack.kv_write(past, new, total - seq)
                                           for past, new in ((past_key, key), (past_value, value)))
-            out, _, _ = _standard(query, None, None, present_key, present_value, total - seq, scale, window,
+            out, _, _ = standard_attention(query, None, None, present_key, present_value, total - seq, scale, window,
                                   state.allowed)
         state.presents[layer] = (present_key, present_value)
         return out, None  # [1, S, Hq, D]
@@ -260,7 +260,7 @@ def _check_tree_window(module: torch.nn.Module, window: int) -> None:
                         found=f"sliding_window {window}", hint="export without --max-tree-nodes")
 
 
-def _standard(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None, cache_key: torch.Tensor,
+def standard_attention(query: torch.Tensor, key: torch.Tensor | None, value: torch.Tensor | None, cache_key: torch.Tensor,
               cache_value: torch.Tensor, start: torch.Tensor, scale: float, window: int | None,
               allowed: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Attention of query [1, Hq, S, D] (rows start..start+S-1) over a static cache [1, Hkv, M, D].

@@ -61,8 +61,9 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
                        taps: tuple[int, ...] = (), tree_nodes: int = 0) -> ModelInfo:
     """Export `model_dir` to `out_onnx` plus one external data file `{out_onnx.name}.data` next to it. `taps`: also
     output `target_features` [B, S, len(taps) * hidden], the inputs of those layers (transformers' hidden_states[i])
-    concatenated: what a draft head reads (names.py, "Head packs"). tree_nodes > 0: the tree form (module
-    docstring), for trees of up to tree_nodes nodes."""
+    concatenated: what a draft head reads (names.py, "Head packs"); in the static form a features cache instead,
+    `past_target_features` -> `target_features` [1, 1, M, F] written in place at the run's rows, like the KV cache.
+    tree_nodes > 0: the tree form (module docstring), for trees of up to tree_nodes nodes."""
     if dtype not in DTYPES:
         raise SpecpackError(f"unsupported export dtype {dtype!r}", expected=f"one of {', '.join(DTYPES)}",
                             found=repr(dtype), hint="fp32 for CPU; fp16 or bf16 for GPUs")
@@ -82,8 +83,9 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
         _register_static_attention(static_attention.make_attention(state))
         model = _load_model(model_dir, dtype, static_attention.ATTN_IMPLEMENTATION)
         program = _export(_static_forward(model, state, taps, tree_nodes),
-                          _static_example_inputs(info, dtype, tree_nodes), _static_dynamic_shapes(info, tree_nodes),
-                          info, static_attention.TRANSLATIONS, taps, tree_nodes)
+                          _static_example_inputs(info, dtype, tree_nodes, _feature_dim(model, taps)),
+                          _static_dynamic_shapes(info, tree_nodes, bool(taps)), info, static_attention.TRANSLATIONS,
+                          taps, tree_nodes)
     else:
         model = _load_model(model_dir, dtype, "eager")
         program = _export(_plain_forward(model, taps), _example_inputs(info, dtype), _dynamic_shapes(info), info, None,
@@ -256,19 +258,31 @@ def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = 
             self.lm = lm
 
         def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                    *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            feature_cache, past = (rest[0], rest[1:]) if taps else (None, rest)  # [1, 1, M, F], [1, H, M, D] ...
             state.begin(attention_mask, past)
             # no cache object and no mask for transformers: the static attention reads both from `state`
             out = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                           output_hidden_states=bool(taps))
-            return (out.logits, *_features(out, taps), *state.ordered_presents())  # [1, S, V], [1, S, F], [1, H, M, D]
+            features = []
+            if feature_cache is not None:  # the run's rows written at [L, L + S) of the cache, in place
+                start = attention_mask.sum(dim=-1) - input_ids.shape[1]  # [1] L
+                features = [torch.ops.specpack.kv_write(feature_cache, _features(out, taps)[0][:, None], start)]
+            return (out.logits, *features, *state.ordered_presents())  # [1, S, V], [1, 1, M, F], [1, H, M, D]
 
     return (StaticTreeForward(model) if tree_nodes else StaticForward(model)).eval()
 
 
-def _static_example_inputs(info: ModelInfo, dtype: str, tree_nodes: int = 0) -> tuple[Any, ...]:
+def _feature_dim(model: torch.nn.Module, taps: tuple[int, ...]) -> int:
+    """F: the width of target_features (the tapped layers' inputs, concatenated); 0 without taps."""
+    config: Any = model.config
+    return len(taps) * int(config.get_text_config(decoder=True).hidden_size)
+
+
+def _static_example_inputs(info: ModelInfo, dtype: str, tree_nodes: int = 0, feature_dim: int = 0) -> tuple[Any, ...]:
     """Tracing inputs for the static form: batch 1 (kept static), S = 3 new tokens after L = 2, M = 7; the tree
-    form: S = 6 after L = 2, M = 11, the last T = 4 rows a tree (parents -1, 0, 0, 1)."""
+    form: S = 6 after L = 2, M = 11, the last T = 4 rows a tree (parents -1, 0, 0, 1); feature_dim > 0: the
+    features cache [1, 1, M, feature_dim]."""
     import torch
 
     seq, past, max_len = (6, 2, 11) if tree_nodes else (3, 2, 7)
@@ -276,21 +290,25 @@ def _static_example_inputs(info: ModelInfo, dtype: str, tree_nodes: int = 0) -> 
     mask[:, : past + seq] = 1
     kv = (1, info.kv_heads, max_len, info.head_dim)
     tree = [torch.tensor([[-1, 0, 0, 1]])] if tree_nodes else []  # parents [1, T]
+    torch_dtype = getattr(torch, GRAPH_DTYPES[dtype].torch)
+    features = [torch.zeros(1, 1, max_len, feature_dim, dtype=torch_dtype)] if feature_dim else []
     return (
         torch.zeros(1, seq, dtype=torch.int64),  # input_ids       [1, S]
         torch.arange(past, past + seq)[None],  # position_ids    [1, S]
         mask,  # attention_mask  [1, M]
         *tree,
-        *[torch.zeros(kv, dtype=getattr(torch, GRAPH_DTYPES[dtype].torch)) for _ in range(2 * info.num_layers)],
+        *features,  # past_target_features [1, 1, M, F]
+        *[torch.zeros(kv, dtype=torch_dtype) for _ in range(2 * info.num_layers)],
     )
 
 
-def _static_dynamic_shapes(info: ModelInfo, tree_nodes: int = 0) -> tuple[Any, ...]:
+def _static_dynamic_shapes(info: ModelInfo, tree_nodes: int = 0, features: bool = False) -> tuple[Any, ...]:
     from torch.export import Dim
 
     seq, max_len = Dim(SEQ), Dim(MAX)
     tree = [{1: Dim(TREE)}] if tree_nodes else []
-    return ({1: seq}, {1: seq}, {1: max_len}, *tree, tuple([{2: max_len}] * (2 * info.num_layers)))
+    cache = [{2: max_len}] if features else []  # the features cache leads forward's *rest, before the past
+    return ({1: seq}, {1: seq}, {1: max_len}, *tree, tuple(cache + [{2: max_len}] * (2 * info.num_layers)))
 
 
 def _export(forward: torch.nn.Module, example: tuple[Any, ...], dynamic_shapes: tuple[Any, ...], info: ModelInfo,
@@ -299,7 +317,8 @@ def _export(forward: torch.nn.Module, example: tuple[Any, ...], dynamic_shapes: 
     import torch
 
     tree = [names.PARENTS] if tree_nodes else []
-    input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *tree,
+    cache = [names.PAST_TARGET_FEATURES] if taps and translations is not None else []  # static: the features cache
+    input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *tree, *cache,
                    *names.kv_names(info.num_layers, "past")]
     output_names = [names.LOGITS, *([names.TARGET_FEATURES] if taps else []), *names.kv_names(info.num_layers, "present")]
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
@@ -347,10 +366,12 @@ def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm, t
         names.INPUT_IDS: (int64, (batch, SEQ)), names.POSITION_IDS: (int64, (batch, SEQ)),
         names.ATTENTION_MASK: (int64, (batch, MAX if static else TOTAL)),
         **({names.PARENTS: (int64, (1, TREE))} if tree_nodes else {}),
+        **({names.PAST_TARGET_FEATURES: (GRAPH_DTYPES[dtype].onnx, (1, 1, MAX, None))} if taps and static else {}),
         **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
     want_out: dict[str, tuple[int, tuple[str | int | None, ...]]] = {
         names.LOGITS: (GRAPH_DTYPES[dtype].onnx, (batch, SEQ, info.vocab_rows)),
-        **({names.TARGET_FEATURES: (GRAPH_DTYPES[dtype].onnx, (batch, SEQ, None))} if taps else {}),
+        **({names.TARGET_FEATURES: (GRAPH_DTYPES[dtype].onnx, (1, 1, MAX, None) if static else (batch, SEQ, None))}
+           if taps else {}),
         **dict.fromkeys(names.kv_names(info.num_layers, "present"), kv_out)}
     for kind, values, want in (("input", model.graph.input, want_in), ("output", model.graph.output, want_out)):
         got = {v.name: (v.type.tensor_type.elem_type, tuple(d.dim_param or d.dim_value

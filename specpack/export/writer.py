@@ -58,7 +58,8 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
     head = sources.head
     return Manifest(
         drafter="model" if sources.draft is not None else "head" if head is not None else "ngram",
-        head=None if head is None else head_entry(pack_dir, head, config.dtype, graphs.head_file or HEAD_STEP_FILE),
+        head=None if head is None else head_entry(pack_dir, head, config.dtype, graphs.head_file or HEAD_STEP_FILE,
+                                                 config.kv_cache),
         draft=models.get("draft"),
         target=models["target"],
         vocab_size=sources.vocab_size,
@@ -72,12 +73,15 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
     )
 
 
-def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file: str = HEAD_STEP_FILE) -> HeadEntry:
-    """The manifest's head entry from head.json's record: what the runtime needs typed, the training record kept."""
+def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file: str = HEAD_STEP_FILE,
+               kv_cache: str = "concat") -> HeadEntry:
+    """The manifest's head entry from head.json's record: what the runtime needs typed, the training record kept;
+    kv_cache: the head graph's form (the target's: export/head_export.py)."""
     config = record["config"]
     losses = record.get("losses") or []
     return HeadEntry.model_validate({
-        "kind": record["kind"], "graph": graph_entry(pack_dir, graph_file), "dtype": dtype, "taps": config["taps"],
+        "kind": record["kind"],
+        "graph": graph_entry(pack_dir, graph_file, _head_form(kv_cache)), "dtype": dtype, "taps": config["taps"],
         "feature_dim": config["target_hidden"] * len(config["taps"]), "hidden": config["hidden"],
         "kv_heads": config["kv_heads"], "head_dim": config["head_dim"], "subset_size": config["subset_size"],
         "subset_sha256": record["subset_sha256"], "weights_sha256": record["weights_sha256"],
@@ -85,6 +89,12 @@ def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file
         "data": [{"name": d["name"], "tokens": d["tokens"], "sha256": d["sha256"]} for d in record.get("data", [])],
         "target_source": record["target"].get("source"), "recipe": record.get("recipe", {}),
         "training": record.get("training", {}), "losses": {"first": losses[0], "last": losses[-1]} if losses else {}})
+
+
+def _head_form(kv_cache: str) -> GraphForm:
+    from specpack.export.graph_form import GraphForm
+
+    return GraphForm(kv_cache, "standard", "onnxruntime")
 
 
 def _model_entry(pack_dir: Path, graph_file: str, model: Model, dtype: str, quantization: QuantizationRecord | None,

@@ -24,6 +24,7 @@ import numpy as np
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
+    from specpack.contract.manifest import Manifest
     from specpack.runtime.kv_cache import KVCache
     from specpack.runtime.state import DecodeState, VerifyResult
 
@@ -43,6 +44,30 @@ class VerifyRun(NamedTuple):
 class TreeResult(NamedTuple):
     path: np.ndarray        # int64 [n]: the accepted nodes, root's child first (increasing: parents come first)
     next_token: int         # the correction after the last accepted node, or the bonus after a leaf
+
+
+def head_rows(cached: int, end: int, committed: int) -> tuple[int, int]:
+    """The rows of a draft head's step to `end` (docs/heads.md, "How the runtime binds it"): (C, W), C catch-up rows
+    t = cached .. end - 2 from the target's features (every row has them: end <= committed), or W = 1 drafted row
+    t = end - 2 fed the head's own last output. The head's cache holds `cached` rows."""
+    if end <= committed:
+        c, w = end - 1 - cached, 0
+    elif cached == end - 2:
+        c, w = 0, 1
+    else:
+        raise RuntimeError(f"head step to {end}: its cache holds {cached} rows, the committed length is {committed}")
+    if c + w < 1:
+        raise RuntimeError(f"head step to {end}: no row to run ({cached} cached)")
+    return c, w
+
+
+def feature_buffer_shape(m: Manifest) -> tuple[int, ...]:
+    """A head pack's per-slot features: the static target's features cache [1, 1, max_len, F] (bound in place), or
+    [1, max_len + k_max + 1, F] for the concat target's output rows, written at their positions."""
+    assert m.head is not None
+    if m.target.graph.kv_cache == "static":
+        return (1, 1, m.max_len, m.head.feature_dim)
+    return (1, m.max_len + m.k_max + 1, m.head.feature_dim)
 
 
 def tree_refusal(engine: str) -> SpecpackError:

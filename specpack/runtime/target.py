@@ -132,13 +132,18 @@ class Draft(Generic[D]):
         _rollback(self.engine, state, length)
 
 
-def refuse_cpu_only(manifest: Manifest, backend: str) -> None:
+def refuse_cpu_only(manifest: Manifest, backend: str, *, static_heads: bool = False) -> None:
     """A backend that cannot run a pack's draft head or tree verify graph yet says so at load (not at the first
-    request)."""
-    if manifest.head is not None:
-        raise SpecpackError(f"the {backend} backend does not run draft heads yet", expected="--device cpu for a pack "
-                            "exported with --draft-head", found=f"--device {backend}, drafter 'head'",
-                            hint="run it with --device cpu (docs/heads.md says what remains)")
+    request). static_heads: the backend runs heads of the static form (the cuda backend)."""
+    head = manifest.head
+    if head is not None and static_heads and head.graph.kv_cache != "static":
+        raise SpecpackError(f"the {backend} backend runs draft heads of the static form", expected="a head pack "
+                            "exported with --kv-cache static", found=f"a head pack with the {head.graph.kv_cache} "
+                            "KV cache", hint="re-export with spec-export --kv-cache static --draft-head HEAD (docs/heads.md)")
+    if head is not None and not static_heads:
+        raise SpecpackError(f"the {backend} backend does not run draft heads yet", expected="--device cpu or cuda for "
+                            "a pack exported with --draft-head", found=f"--device {backend}, drafter 'head'",
+                            hint="run it with --device cpu or cuda (docs/heads.md says what remains)")
     if manifest.target.graph.tree is not None:
         raise SpecpackError(f"the {backend} backend does not run tree verify graphs yet", expected="--device cpu for "
                             "a pack exported with --max-tree-nodes", found=f"--device {backend}, a tree pack",

@@ -27,7 +27,7 @@ from specpack.contract.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
+from specpack.runtime.engine import TreeResult, VerifyRun, feature_buffer_shape, head_rows, tree_refusal
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.kv_cache import ConcatKVCache, KVCache
 from specpack.runtime.ort_session import OrtGraph
@@ -115,8 +115,9 @@ class OrtTarget(_OrtModel):
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, positions: bool = True,
                  features: list[np.ndarray] | None = None, tree_nodes: int = 0) -> None:
-        """features: per slot [1, max_len + k_max + 1, F], the rows a head reads (None: the graph has no features);
-        tree_nodes: the tree form's most nodes (0: the chain form; docs/trees.md)."""
+        """features: per slot the rows a head reads, [1, max_len + k_max + 1, F] (a concat graph's output rows written
+        at their positions) or [1, 1, max_len, F] (a static graph's features cache, written in place); None: the graph
+        has no features; tree_nodes: the tree form's most nodes (0: the chain form; docs/trees.md)."""
         super().__init__(graph, caches, constants, positions)
         self._outputs = [{names.N_ACCEPTED: np.zeros(1, np.int64), names.NEXT_TOKEN: np.zeros(1, np.int64)}
                          for _ in caches]  # [1] each, per slot
@@ -154,9 +155,12 @@ class OrtTarget(_OrtModel):
                     extra_outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run over state.ids[cached : length + k] with the uniforms [1, k + 1]; the outputs (n_accepted, next_token)."""
         outputs = {**self._outputs[state.slot], **extra_outputs}
-        if self.features is not None:  # row r of this run is position cached + r; valid below the cache's length
+        features = None if self.features is None else self.features[state.slot]
+        if features is not None and features.ndim == 4:  # the static features cache: past bound as present
+            outputs[names.TARGET_FEATURES] = extra_inputs[names.PAST_TARGET_FEATURES] = features
+        elif features is not None:  # row r of this run is position cached + r; valid below the cache's length
             start = self.caches[state.slot].length
-            outputs[names.TARGET_FEATURES] = self.features[state.slot][:, start : state.length + k]
+            outputs[names.TARGET_FEATURES] = features[:, start : state.length + k]
         self._run(state, state.length + k, {names.UNIFORMS: state.uniforms.verify[:, : k + 1], **extra_inputs},
                   outputs)  # uniforms [1, k+1]
         return outputs
@@ -175,6 +179,8 @@ class OrtHead(_OrtModel):
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, features: list[np.ndarray],
                  k_max: int, vocab_size: int, hidden: int, dtype: np.dtype) -> None:
+        """features: the target engine's (a static head reads the whole features cache [1, 1, M, F] and takes its
+        rows in the graph; a concat head the rows [cached, cached + C) of [1, width, F])."""
         super().__init__(graph, caches, constants, positions=False)  # the head computes its positions itself
         self.features = features
         self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in caches]  # [1, k_max, V] per slot
@@ -186,18 +192,10 @@ class OrtHead(_OrtModel):
         slot, ids = state.slot, state.ids
         cache, hidden, current = self.caches[slot], self._hidden[slot], self._current[slot]
         start = cache.length
-        if end <= state.length:  # catch-up rows t = start .. end - 2: target features, tokens x_{t+1}
-            c, w = end - 1 - start, 0
-        elif start == end - 2:   # the drafted row t = end - 2: the head's own output, the draft x_{end-1}
-            c, w = 0, 1
-        else:
-            raise RuntimeError(f"head step to {end}: its cache holds {start} rows, the pack's committed length is "
-                               f"{state.length}")
-        if c + w < 1:
-            raise RuntimeError(f"head step to {end}: no row to run ({start} cached)")
+        c, w = head_rows(start, end, state.length)
         inputs = {
             names.INPUT_IDS: ids[None, start + 1 : start + 1 + c],              # [1, C]
-            names.FEATURES: self.features[slot][:, start : start + c],          # [1, C, F]
+            names.FEATURES: _feature_rows(self.features[slot], start, c),       # [1, C, F] or [1, 1, M, F]
             names.DRAFT_IDS: ids[None, end - 1 : end - 1 + w],                  # [1, W]
             names.HIDDEN_IN: hidden[current][:, :w],                            # [1, W, H]
             names.UNIFORM: state.uniforms.draft[row : row + 1],                 # [1]
@@ -215,6 +213,12 @@ class OrtHead(_OrtModel):
         return self._q[state.slot][:, :k]  # [1, k, V]
 
 
+def _feature_rows(features: np.ndarray, start: int, count: int) -> np.ndarray:
+    """What a head's `features` input binds: the whole static cache [1, 1, M, F] (the graph takes its rows), or the
+    concat form's rows [start, start + count) of [1, width, F]."""
+    return features if features.ndim == 4 else features[:, start : start + count]
+
+
 class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
     """Both engines on ONNX Runtime with host buffers; the draft's session opens on first use."""
 
@@ -228,8 +232,8 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
             _check_cpu_dtypes(m)
         width = m.max_len + m.k_max + 1
         self.constants = Constants.allocate(width, m.k_max, m.vocab_size)
-        self.features = None if m.head is None else [  # [1, width, F] per slot: what the verify wrote for the head
-            np.zeros((1, width, m.head.feature_dim), numpy_dtype(m.target.dtype)) for _ in range(options.slots)]
+        self.features = None if m.head is None else [  # per slot: what the verify wrote for the head
+            np.zeros(feature_buffer_shape(m), numpy_dtype(m.target.dtype)) for _ in range(options.slots)]
         tree = m.target.graph.tree
         if tree is not None and tree.max_nodes < m.k_max:
             raise SpecpackError("this pack's tree verify graph takes fewer nodes than its k_max",
@@ -245,9 +249,11 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
     def _open_draft(self) -> OrtDraft | OrtHead:
         m = self.manifest
         if m.head is not None and self.features is not None:
-            head = m.head
-            caches: list[KVCache] = [ConcatKVCache(1, head.kv_heads, head.head_dim, m.max_len + m.k_max + 1,
-                                                   numpy_dtype(head.dtype)) for _ in range(self.options.slots)]
+            head, dtype = m.head, numpy_dtype(m.head.dtype)
+            caches: list[KVCache] = [
+                StaticKVCache(1, head.kv_heads, head.head_dim, m.max_len, dtype) if head.graph.kv_cache == "static"
+                else ConcatKVCache(1, head.kv_heads, head.head_dim, m.max_len + m.k_max + 1, dtype)
+                for _ in range(self.options.slots)]
             return OrtHead(self._graph(head), caches, self.constants, self.features, m.k_max, m.vocab_size, head.hidden,
                            numpy_dtype(head.dtype))
         return OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max, m.vocab_size,

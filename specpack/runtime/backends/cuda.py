@@ -5,6 +5,8 @@
                     q scratch
       DeviceDraft   the DraftEngine of draft_step.onnx (opened on first use); per slot a cache, q [1, k_max, V],
                     token [1]
+      DeviceHead    the DraftEngine of a static head_step.onnx (backends/cuda_head.py), over the target's features
+                    cache: a head pack's verify writes its features in place, like its KV cache
     The verify and draft policy above them (pad rows, one-hot q, rollback) is runtime/target.py's.
 
 Everything a graph reads or writes lives on the device and is bound by pointer (IOBinding): the static KV
@@ -33,21 +35,24 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from specpack import names
-from specpack.contract.manifest import Manifest, ModelEntry
+from specpack.contract.manifest import HeadEntry, Manifest, ModelEntry
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView, bind
-from specpack.runtime.engine import TreeResult, VerifyRun, tree_refusal
+from specpack.runtime.engine import TreeResult, VerifyRun, feature_buffer_shape, tree_refusal
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.ort_session import EXTERNAL_DATA_FOLDER
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.target import EngineBackend, refuse_cpu_only
+
+if TYPE_CHECKING:
+    from specpack.runtime.backends.cuda_head import DeviceHead
 
 PROVIDER = "CUDAExecutionProvider"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
@@ -74,7 +79,7 @@ def load(path: Path, manifest: Manifest, options: BackendOptions) -> CudaBackend
 class DeviceSession:
     """One ONNX Runtime session over one form of a graph, run through IOBindings, with CUDA graph ids."""
 
-    def __init__(self, model: Path | bytes, folder: Path, entry: ModelEntry, device: str, capture: bool,
+    def __init__(self, model: Path | bytes, folder: Path, entry: ModelEntry | HeadEntry, device: str, capture: bool,
                  threads: int | None, external: dict[str, bytes] | None = None) -> None:
         """external: verified bytes of the external data files (a pinned load; then `folder` is never read)."""
         import onnxruntime as ort
@@ -280,6 +285,10 @@ class DeviceTarget(_DeviceModel):
                           for _ in self.slots]  # k -> [1, k + 1]
         self._n = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
         self._next = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
+        self.features: list[DeviceArray] = []  # a head pack's features cache [1, 1, max_len, F] per slot, in place
+        if backend.manifest.head is not None:
+            shape = feature_buffer_shape(backend.manifest)
+            self.features = [DeviceArray(shape, numpy_dtype(entry.dtype), self.device) for _ in self.slots]
 
     def verify(self, run: VerifyRun) -> VerifyResult:
         state, k, i = run.state, run.k, run.state.slot
@@ -290,8 +299,11 @@ class DeviceTarget(_DeviceModel):
             uniforms.write(state.uniforms.verify[:, : k + 1])
             if run.q is not None:
                 q = run.q
-        self._run(state, state.length + k, (k,), {names.DRAFT_PROBS: q, names.UNIFORMS: uniforms.view()},
-                  {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view()})
+        inputs = {names.DRAFT_PROBS: q, names.UNIFORMS: uniforms.view()}
+        outputs = {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view()}
+        if self.features:  # the features cache, past bound as present (the graph writes the run's rows in place)
+            inputs[names.PAST_TARGET_FEATURES] = outputs[names.TARGET_FEATURES] = self.features[i].view()
+        self._run(state, state.length + k, (k,), inputs, outputs)
         return VerifyResult(int(self._n[i].read()[0]), int(self._next[i].read()[0]))
 
     def verify_tree(self, run: VerifyRun) -> TreeResult:
@@ -303,7 +315,7 @@ class DeviceTarget(_DeviceModel):
         return self._q_scratch[slot].view((1, k, self.vocab))
 
 
-class CudaBackend(EngineBackend[DeviceTarget, DeviceDraft]):
+class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
     """Both engines on one ONNX Runtime device, every buffer there; the draft opens on first use."""
 
     name = "cuda"
@@ -313,7 +325,7 @@ class CudaBackend(EngineBackend[DeviceTarget, DeviceDraft]):
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
         chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
         are captured)."""
-        refuse_cpu_only(manifest, "cuda")
+        refuse_cpu_only(manifest, "cuda", static_heads=True)
         for label, entry in manifest.models():  # an n-gram pack has no draft model
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
                 raise SpecpackError("the cuda backend needs graphs with the static KV cache, fp32 or fp16",
@@ -334,15 +346,20 @@ class CudaBackend(EngineBackend[DeviceTarget, DeviceDraft]):
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
         target = DeviceTarget(self, manifest.target)
         target.session(True)  # the greedy form opens at load
-        super().__init__(target, self._open_draft if manifest.draft_model is not None else None, k_max=manifest.k_max,
+        drafts = manifest.draft_model is not None or manifest.head is not None
+        super().__init__(target, self._open_draft if drafts else None, k_max=manifest.k_max,
                          vocab_size=manifest.vocab_size, pad_single_steps=options.pad_single_steps)
-        if options.verified_reads and manifest.draft_model is not None:  # pinned: the draft's greedy form too
+        if options.verified_reads and drafts:  # pinned: the draft's greedy form too
             self.draft().engine.session(True)
 
-    def _open_draft(self) -> DeviceDraft:
+    def _open_draft(self) -> DeviceDraft | DeviceHead:
+        if self.manifest.head is not None:
+            from specpack.runtime.backends.cuda_head import DeviceHead
+
+            return DeviceHead(self, self.manifest.head, self._target.engine.features)
         return DeviceDraft(self, self.manifest.draft)
 
-    def open_session(self, entry: ModelEntry, greedy: bool) -> DeviceSession:
+    def open_session(self, entry: ModelEntry | HeadEntry, greedy: bool) -> DeviceSession:
         """The greedy form (If inlined, captured where the EP allows) or the graph as exported; for a pinned pack
         (options.verified_reads) from bytes hashed as they are read, whenever the session opens."""
         graph_path = self.path / entry.graph.path

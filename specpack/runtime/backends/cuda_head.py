@@ -1,0 +1,152 @@
+"""The cuda backend's draft head engine: head_step.onnx of the static form on the device (docs/heads.md).
+
+    DeviceHead   the DraftEngine of a static head: per slot its one-layer DeviceStaticKVCache, the hidden state
+                 ping-pong [2, 1, 1, H], q [1, k_max, V], token [1]; it reads the target's features cache
+
+The head reads the target's whole features cache [1, 1, M, F] (what the static verify writes in place, DeviceTarget)
+and takes rows [L, L + C) in the graph, so a run binds the same buffers whatever the head's length L: the greedy form
+is captured once per (C, W, which half of the ping-pong is the input) for C <= k_max + 1 and replayed. A longer catch-up
+(the prompt's rows, at the first proposal) runs uncaptured from a [1, max_len] staging buffer. Per step the host
+uploads the C + W new ids (a few bytes) and reads back the drawn token, never q or logits.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specpack import names
+from specpack.contract.manifest import HeadEntry
+from specpack.limits import numpy_dtype
+from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView, bind
+from specpack.runtime.engine import head_rows
+from specpack.runtime.state import DecodeState
+
+if TYPE_CHECKING:
+    from specpack.runtime.backends.cuda import CudaBackend, DeviceSession
+
+
+@dataclass
+class _HeadSlot:
+    """One request slot of the head: its cache and every buffer a run binds (allocated once)."""
+
+    cache: DeviceStaticKVCache
+    sampling: dict[str, DeviceArray]                            # temperature, top_k, top_p [1] each
+    hidden: DeviceArray                                         # [2, 1, 1, H] hidden_in | hidden_out, ping-pong
+    q: DeviceArray                                              # [1, k_max, V] fp32, what the verify reads
+    token: DeviceArray                                          # [1] int64
+    uniform: DeviceArray                                        # [1] fp32
+    draft_id: DeviceArray                                       # [1, 1] int64: x_{t+1} of a drafted row
+    long_ids: DeviceArray                                       # [1, max_len] int64: a catch-up past k_max + 1 rows
+    ids: dict[int, DeviceArray] = field(default_factory=dict)   # C -> input_ids [1, C] (C <= k_max + 1)
+    bindings: dict[tuple[int, int, int], Any] = field(default_factory=dict)  # (C, W, current) -> bound IOBinding
+    current: int = 0                                            # the half of `hidden` that holds hidden_in
+    greedy: bool = True
+
+
+class DeviceHead:
+    """head_step.onnx (static form): C catch-up rows from the target's features cache and W drafted rows in, one
+    drawn token (read back), its q row and hidden_out (left on the device) out."""
+
+    def __init__(self, backend: CudaBackend, head: HeadEntry, features: list[DeviceArray]) -> None:
+        """features: the target engine's features cache per slot [1, 1, max_len, F]."""
+        m = backend.manifest
+        self.backend, self.entry, self.device, self.features = backend, head, backend.device, features
+        self.short_max = m.k_max + 1  # catch-ups over at most this many rows are captured (one graph per C)
+        self.vocab, self.hidden = m.vocab_size, head.hidden
+        dtype = numpy_dtype(head.dtype)
+        self.slots = [self._slot(m.max_len, m.k_max, dtype) for _ in range(backend.options.slots)]
+        self._long_host = np.zeros((1, m.max_len), np.int64)  # [1, max_len]: staged whole (update_inplace)
+        self._sessions: dict[bool, DeviceSession] = {}
+        self._lock = threading.Lock()
+
+    def _slot(self, max_len: int, k_max: int, dtype: np.dtype) -> _HeadSlot:
+        h, device = self.entry, self.device
+        cache = DeviceStaticKVCache(1, h.kv_heads, h.head_dim, max_len, dtype, device)
+        sampling = {names.TEMPERATURE: DeviceArray((1,), np.float32, device),
+                    names.TOP_K: DeviceArray((1,), np.int64, device), names.TOP_P: DeviceArray((1,), np.float32, device)}
+        return _HeadSlot(cache, sampling, hidden=DeviceArray((2, 1, 1, h.hidden), dtype, device),
+                         q=DeviceArray((1, k_max, self.vocab), np.float32, device),
+                         token=DeviceArray((1,), np.int64, device), uniform=DeviceArray((1,), np.float32, device),
+                         draft_id=DeviceArray((1, 1), np.int64, device),
+                         long_ids=DeviceArray((1, max_len), np.int64, device))
+
+    def session(self, greedy: bool) -> DeviceSession:
+        """The greedy form (captured) or the graph as exported (sampling), opened on first use."""
+        if greedy not in self._sessions:
+            with self._lock:
+                if greedy not in self._sessions:
+                    self._sessions[greedy] = self.backend.open_session(self.entry, greedy)
+        return self._sessions[greedy]
+
+    def cache(self, slot: int) -> DeviceStaticKVCache:
+        return self.slots[slot].cache
+
+    def reset(self, state: DecodeState) -> None:
+        slot = self.slots[state.slot]
+        slot.cache.reset()
+        slot.greedy = state.params.greedy
+        for name, array in state.sampling_inputs.items():  # [1] each, once per request
+            slot.sampling[name].write(array)
+        self.session(slot.greedy)
+
+    def close(self) -> None:
+        for slot in self.slots:
+            slot.bindings.clear()
+        self._sessions.clear()
+
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        slot = self.slots[state.slot]
+        cache, current = slot.cache, slot.current
+        start = cache.length
+        c, w = head_rows(start, end, state.length)
+        kv_inputs = cache.bind_inputs(c + w)  # uploads the mask when the length changed
+        ids = self._upload_ids(slot, state.ids[None, start + 1 : start + 1 + c])  # [1, C]
+        if w:
+            slot.draft_id.write(state.ids[None, end - 1 : end])  # [1, 1]
+        if not slot.greedy:
+            slot.uniform.write(state.uniforms.draft[row : row + 1])
+        h = self.hidden
+        inputs = {names.INPUT_IDS: ids, names.FEATURES: self.features[state.slot].view(),
+                  names.DRAFT_IDS: slot.draft_id.view((1, w)), names.HIDDEN_IN: slot.hidden.view((1, w, h), current * h),
+                  names.UNIFORM: slot.uniform.view(), **kv_inputs, **{k: v.view() for k, v in slot.sampling.items()}}
+        # greedy: one fixed q row (a captured graph keeps its addresses); the greedy verify never reads q
+        outputs = {names.TOKEN: slot.token.view(), names.HIDDEN_OUT: slot.hidden.view((1, 1, h), (1 - current) * h),
+                   names.PROBS: slot.q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab),  # [1, V]
+                   **cache.bind_outputs(c + w)}
+        session = self.session(slot.greedy)
+        if slot.greedy and c <= self.short_max:  # fixed shapes and addresses: bound once, captured, replayed
+            key = (c, w, current)
+            binding = slot.bindings.get(key)
+            if binding is None:
+                binding = slot.bindings[key] = session.session.io_binding()
+                bind(binding, self.device, inputs, outputs, session.input_names)
+            session.run(binding, (state.slot, *key))
+        else:
+            binding = session.session.io_binding()
+            bind(binding, self.device, inputs, outputs, session.input_names)
+            session.run(binding, None)
+        cache.advance(c + w)
+        slot.current = 1 - current  # this run's hidden_out is the next drafted row's hidden_in
+        return int(slot.token.read()[0])
+
+    def _upload_ids(self, slot: _HeadSlot, host: np.ndarray) -> DeviceView:
+        """input_ids [1, C] on the device: a staging buffer per C up to k_max + 1 (fixed addresses), else a prefix of
+        the [1, max_len] one; C = 0 binds an empty view (of the draft id's buffer: a valid address)."""
+        c = host.shape[1]
+        if c == 0:
+            return slot.draft_id.view((1, 0))
+        if c <= self.short_max:
+            if c not in slot.ids:
+                slot.ids[c] = DeviceArray((1, c), np.int64, self.device)
+            slot.ids[c].write(host)
+            return slot.ids[c].view()
+        self._long_host[:, :c] = host
+        slot.long_ids.write(self._long_host)
+        return slot.long_ids.view((1, c))
+
+    def q(self, state: DecodeState, k: int) -> DeviceView:
+        return self.slots[state.slot].q.view((1, k, self.vocab))  # [1, k, V] on the device

@@ -1,0 +1,137 @@
+"""The draft head on the cuda backend's code, run on the CPU EP (device="cpu"): a head pack of the static form
+(`spec-export --kv-cache static --draft-head HEAD`), whose verify writes its features into a cache in place and
+whose head reads that cache (docs/heads.md, "The static form"). The CUDA run itself is tests/gpu/ (marked `gpu`).
+
+Greedy: the target alone's tokens, and the cpu backend's, at every k, adaptive k, long prompts, captured-chunk runs.
+Sampling: the same tokens as the cpu backend for the same seed, and the chi-square of test_sampling_distribution.py
+with the device head drafting; the same test with the device head's q misreported (tempered) must reject.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import specpack
+from specpack.runtime.backend import DraftModel
+from specpack.runtime.device_buffers import DeviceArray, DeviceView
+from specpack.runtime.drafter import HeadDrafter
+from specpack.runtime.pack import Pack
+from specpack.runtime.state import DecodeState
+from specpack.sampling import SamplingParams
+from tests.e2e.test_sampling_distribution import P_FAIL, SAMPLES, TargetLogits, draw_samples, partitions, pvalue
+from tests.runtime.test_cuda_backend import device_pack
+
+PROMPT = "def add(a, b):"
+CASE = (SamplingParams(1.0), 3)
+
+
+@pytest.fixture(scope="module")
+def head_dirs(tiny_head_pack: Callable[..., tuple[Path, Path, Path]]) -> tuple[Path, Path, Path]:
+    return tiny_head_pack("qwen2", kv_cache="static")
+
+
+@pytest.fixture(scope="module")
+def cpu(head_dirs: tuple[Path, Path, Path]) -> Iterator[Pack]:
+    loaded = specpack.load(head_dirs[0], threads=1)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def dev(head_dirs: tuple[Path, Path, Path]) -> Iterator[Pack]:
+    loaded = device_pack(head_dirs[0], chunked_runs=True)
+    yield loaded
+    loaded.close()
+
+
+def test_the_static_form_reads_the_features_cache(cpu: Pack) -> None:
+    m = cpu.manifest
+    assert m.head is not None and m.head.graph.kv_cache == "static" and m.target.graph.kv_cache == "static"
+    assert {s.name for s in m.target.graph.inputs} >= {"past_target_features"}
+    assert {s.name for s in m.head.graph.inputs} >= {"attention_mask", "features"}
+
+
+def test_greedy_equals_the_target_alone_on_both_backends(cpu: Pack, dev: Pack) -> None:
+    rng = np.random.default_rng(5)
+    long_prompt = rng.integers(0, cpu.manifest.vocab_size - 8, 45).tolist()  # a catch-up past k_max + 1 rows
+    accepted = 0
+    for prompt in (PROMPT, [5], long_prompt):
+        want = cpu.generate(prompt, 32, k=0).tokens
+        for k in (1, 2, cpu.manifest.k_max, None):
+            for pack in (cpu, dev):
+                got = pack.generate(prompt, 32, k=k, drafter="head")
+                assert got.tokens == want, (pack.backend.name, prompt, k)
+                accepted += got.stats["accepted"]
+    assert accepted > 0  # the head's drafts pass sometimes: the accept path ran
+    head = dev.backend.draft().engine  # type: ignore[attr-defined]
+    keys = set(head.slots[0].bindings)  # (C, W, current): captured shapes only, C <= k_max + 1
+    assert keys and all(c <= cpu.manifest.k_max + 1 and w in (0, 1) for c, w, _ in keys), keys
+
+
+def test_sampled_tokens_equal_the_cpu_backend(cpu: Pack, dev: Pack) -> None:
+    for params in ({"temperature": 1.0, "seed": 3}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "seed": 11}):
+        for k in (2, 4):
+            want = cpu.generate(PROMPT, 24, k=k, **params)
+            got = dev.generate(PROMPT, 24, k=k, **params)
+            assert got.tokens == want.tokens, (params, k)
+
+
+class TemperedDeviceQ:
+    """The device head with each q row it reports squared and renormalized (q at half the temperature the token was
+    drawn at), copied into a buffer of its own: a q that is not the distribution the drafts came from."""
+
+    def __init__(self, real: DraftModel, k_max: int, vocab: int) -> None:
+        self.real = real
+        self.tempered = DeviceArray((1, k_max, vocab), np.float32, "cpu")
+        self.host = np.zeros((1, k_max, vocab), np.float32)
+
+    def reset(self, state: DecodeState) -> None:
+        self.real.reset(state)
+
+    def step(self, state: DecodeState, end: int, row: int) -> int:
+        return self.real.step(state, end, row)
+
+    def q(self, state: DecodeState, k: int) -> DeviceView:
+        view = self.real.q(state, k)  # [1, k, V] on the device
+        real = np.ctypeslib.as_array((np.ctypeslib.ctypes.c_float * int(np.prod(view.shape))).from_address(view.ptr))
+        q = real.reshape(view.shape)
+        self.host[:, :k] = q * q / (q * q).sum(-1, keepdims=True)
+        self.tempered.write(self.host)
+        return self.tempered.view((1, k, self.host.shape[2]))
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.real.rollback(state, length)
+
+
+def _pvalue(dev: Pack, head_dirs: tuple[Path, Path, Path], broken: bool) -> float:
+    params, k = CASE
+    part = partitions(TargetLogits(head_dirs[2], dev.encode(PROMPT)), dev.eos_ids)(params, k + 2)
+    m = dev.manifest
+    drafter: Any = (HeadDrafter(lambda: TemperedDeviceQ(dev.backend.draft(), m.k_max, m.vocab_size)) if broken
+                    else dev.drafters["head"])
+    n = SAMPLES // 4 if broken else SAMPLES  # the defect moves p to ~0 (measured p = 0 at 2,000): fewer suffice
+    samples = draw_samples(dev, drafter, dev.encode(PROMPT), params, k, 7 + k, n=n, decided=part.decided)
+    p = pvalue(part, samples)
+    print(f"device head {'tempered q' if broken else 'honest'} k={k}: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert samples.accepted > n // 50  # acceptances happen: the accept path is tested
+    return p
+
+
+def test_sampling_with_the_device_head_has_the_targets_distribution(dev: Pack, head_dirs: tuple[Path, Path, Path]
+                                                                     ) -> None:
+    assert _pvalue(dev, head_dirs, broken=False) > P_FAIL
+
+
+def test_a_misreported_device_head_q_is_rejected(dev: Pack, head_dirs: tuple[Path, Path, Path]) -> None:
+    assert _pvalue(dev, head_dirs, broken=True) < P_FAIL
+
+
+def test_a_concat_head_pack_is_refused_by_the_cuda_backend(tiny_head_pack: Callable[..., tuple[Path, Path, Path]]
+                                                          ) -> None:
+    with pytest.raises(specpack.SpecpackError, match="static form"):
+        device_pack(tiny_head_pack("qwen2")[0])
