@@ -63,7 +63,8 @@ def measure_step_costs(pack: Pack, ks: Sequence[int], context: int, filler: Sequ
     `with_draft` False (the n-gram drafter, or a pack without a draft model): no draft step is timed (c = 0),
     and the verifies take the filler's tokens as drafts, with no q.
 
-    Runs on the pack's own backend (holding the pack's lock), greedy, through the same calls the loop makes.
+    Runs on the pack's own backend (holding the pack's lock), greedy, through the same calls the loop makes. A draft
+    head's timed step is a drafted row (W = 1: what each draft after the first costs; runtime/engine.py head_rows).
     """
     m = pack.manifest
     params = SamplingParams()  # greedy: the uniforms are not read
@@ -72,6 +73,8 @@ def measure_step_costs(pack: Pack, ks: Sequence[int], context: int, filler: Sequ
                               max_len=m.max_len, k_max=m.k_max, stats=DecodeStats(k=0))
     times: dict[str, list[float]] = {"target": [], "draft": [], **{f"v{k}": [] for k in ks}}
     prefill: dict[str, list[float]] = {"target": [], "draft": []}
+    head = m.head is not None
+    draft_end = context + 2 if head else context + 1  # the draft step timed: its cache ends at `context` before it
     with pack.exclusive() as backend:
         target, draft = backend.target(), backend.draft() if with_draft else None
         try:
@@ -82,12 +85,14 @@ def measure_step_costs(pack: Pack, ks: Sequence[int], context: int, filler: Sequ
                 draft.reset(state)
                 _timed(prefill["draft"], True, partial(draft.step, state, context, 0))
             state.length = context + 1  # one committed token past the cached context
+            if draft is not None and head:  # the head catches up on the prefill's last feature row (cache: context)
+                draft.step(state, context + 1, 0)
             for rep in range(warmup + reps):
                 keep = rep >= warmup
                 target.rollback(state, context)
                 _timed(times["target"], keep, partial(target.verify, state, NO_DRAFTS))
                 if draft is not None:
-                    _timed(times["draft"], keep, partial(draft.step, state, context + 1, 0))
+                    _timed(times["draft"], keep, partial(draft.step, state, draft_end, 0))
                     draft.rollback(state, context)
                 for k in ks:  # q: row 0 as the draft step wrote it, the other rows as they are (greedy ignores q)
                     q = draft.q(state, k) if draft is not None else None

@@ -135,3 +135,12 @@ def test_a_concat_head_pack_is_refused_by_the_cuda_backend(tiny_head_pack: Calla
                                                           ) -> None:
     with pytest.raises(specpack.SpecpackError, match="static form"):
         device_pack(tiny_head_pack("qwen2")[0])
+
+
+def test_step_costs_time_the_heads_drafted_row(cpu: Pack, dev: Pack) -> None:
+    """specpack.bench's step costs on a head pack (both engines): the timed draft step is a drafted row (W = 1)."""
+    from specpack.bench.timing import measure_step_costs
+
+    for pack in (cpu, dev):
+        costs = measure_step_costs(pack, [1, 2], 40, pack.encode(PROMPT), reps=2, warmup=1).to_dict()
+        assert costs["draft_step_ms"] > 0 and costs["target_step_ms"] > 0 and costs["c"] > 0, costs

@@ -1,0 +1,182 @@
+"""The draft head on the GPU in one device call after staging (bench/README.md, "The draft head on the GPU"):
+
+    python bench/gpu_head.py --work /tmp/gw --target-gguf T.gguf --prompts HumanEval.jsonl.gz mt_bench_question.jsonl \\
+        --json OUT.json [--train-minutes 6] [--phases train,export,decode,genai]
+
+train   `specpack distill --device cuda` on the target (default recipe: Python's standard library + the target's own
+        answers to prompts it was given from seed_prompts.py): a probe of PROBE_STEPS steps builds the data and times a
+        step, then a fresh run whose step count fits --train-minutes reads the probe's data (its corpus key matches)
+export  `spec-export --draft-head` in the cuda backend's form (static cache, GQA, fp16, k 8, max_len 1024)
+decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive, the head at k 1..6 and adaptive,
+        prompt lookup at k 4, each prompt's runs back to back; step costs at 256 tokens (c, v(k)); predicted speedups
+genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
+Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu
+
+PROBE_STEPS = 20
+K_SWEEP = (1, 2, 3, 4, 6)
+DISTILL = ["--device", "cuda", "--batch", "8", "--seq-len", "512", "--self-prompts", "512", "--stdlib-tokens", "2000000",
+           "--no-progress", "--checkpoint-every", "100000"]
+
+
+def log(line: str) -> None:
+    print(f"[gpu_head] {line}", file=sys.stderr, flush=True)
+
+
+def specpack(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "specpack", *args], check=True)
+
+
+def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    import torch
+
+    work = Path(args.work)
+    probe, head = work / "head-probe", work / "head"
+    t0 = time.perf_counter()
+    specpack("distill", "--target", args.target_gguf, "-o", str(probe), "--steps", "100000", "--stop-at",
+             str(PROBE_STEPS), *DISTILL)
+    state = torch.load(probe / "ckpt" / "latest.pt", map_location="cpu", weights_only=False)
+    per_step = float(state["wall_s"]) / PROBE_STEPS
+    steps = max(50, int(60 * args.train_minutes / per_step))
+    log(f"probe: {time.perf_counter() - t0:.0f} s in all, {per_step * 1e3:.0f} ms a step -> {steps} steps")
+    (head / "ckpt").mkdir(parents=True, exist_ok=True)
+    for name in ("corpus.npz", "corpus.json", "corpus.key.json"):
+        shutil.copy(probe / "ckpt" / name, head / "ckpt" / name)
+    t1 = time.perf_counter()
+    specpack("distill", "--target", args.target_gguf, "-o", str(head), "--steps", str(steps), *DISTILL)
+    record = json.loads((head / "head.json").read_text())
+    result["train"] = {"probe_step_ms": per_step * 1e3, "steps": steps, "train_call_s": time.perf_counter() - t1,
+                       "data": record["data"], "recipe": record["recipe"], "training": record["training"],
+                       "losses": record["losses"], "weights_sha256": record["weights_sha256"]}
+
+
+def phase_export(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    work = Path(args.work)
+    t0 = time.perf_counter()
+    specpack("export", "--target", args.target_gguf, "--draft-head", str(work / "head"),
+             "-o", str(work / "pack-head"), "--kv-cache", "static", "--attention", "gqa", "--dtype", "fp16", "--k", "8",
+             "--max-len", "1024", "--overwrite")
+    result["export_s"] = time.perf_counter() - t0
+
+
+def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    import specpack as sp
+    from specpack.bench.timing import measure_step_costs
+
+    pack = sp.load(Path(args.work) / "pack-head", device="cuda")
+    runs: list[tuple[str, str, int | None]] = [("ar", "head", 0), *((f"head-{k}", "head", k) for k in K_SWEEP),
+                                               ("head-auto", "head", None), ("ngram-4", "ngram", 4)]
+    prompts = gpu.real_prompts(args)
+    encoded = [(p, pack.encode(p.text, chat=p.chat)) for p in prompts]
+    for _, drafter, k in runs:  # warm up: capture every run shape
+        pack.generate(encoded[0][1], 32, k=k, drafter=drafter)
+    costs = measure_step_costs(pack, list(range(1, 9)), 256, encoded[0][1], reps=30).to_dict()
+    rows = []
+    for prompt, ids in encoded:
+        row: dict[str, Any] = {"id": prompt.id, "prompt_tokens": len(ids)}
+        for label, drafter, k in runs:
+            out = pack.generate(ids, 128, k=k, drafter=drafter)
+            row[label] = {"tokens": out.tokens, "stats": dict(out.stats)}
+        row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in runs}
+        rows.append(row)
+        log(f"{prompt.id}: " + ", ".join(f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}" for label, _, _ in runs))
+    result["decode"] = {"costs": costs, "prompts": rows, "summary": summarize(rows, costs, runs),
+                        "capture": pack.backend.capture_report()}
+    log(json.dumps(result["decode"]["summary"], indent=1))
+    pack.close()
+
+
+def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], runs: list[tuple[str, str, int | None]]
+              ) -> dict[str, Any]:
+    """Per configuration, over all prompts and per set: tokens/s (new tokens over decode time), speedup over ar,
+    alpha, tau, and for fixed k the predicted speedup tau / (k c + v(k)) (c: 0 for prompt lookup)."""
+    out: dict[str, Any] = {}
+    sets = {"all": rows, "HumanEval": [r for r in rows if "HumanEval" in str(r["id"])],
+            "mt_bench": [r for r in rows if "HumanEval" not in str(r["id"])]}
+    for name, part in sets.items():
+        if not part:
+            continue
+
+        def rate(label: str, part: list[dict[str, Any]] = part) -> float:
+            tokens = sum(r[label]["stats"]["new_tokens"] - 1 for r in part)  # after the first (stats.py)
+            return tokens / sum(r[label]["stats"]["decode_s"] for r in part)
+
+        ar = rate("ar")
+        entry: dict[str, Any] = {"ar_tokens_per_s": ar}
+        for label, drafter, k in runs[1:]:
+            stats = [r[label]["stats"] for r in part]
+            verifies = sum(s.get("steps", 0) for s in stats)
+            tau = sum(s["new_tokens"] for s in stats) / verifies if verifies else None
+            proposed, accepted = sum(s.get("proposed", 0) for s in stats), sum(s.get("accepted", 0) for s in stats)
+            item = {"tokens_per_s": rate(label), "speedup": rate(label) / ar, "tau": tau,
+                    "alpha": accepted / proposed if proposed else None,
+                    "identical": sum(r["identical"][label] for r in part)}
+            if k and tau:
+                c = costs["c"] if drafter == "head" else 0.0
+                item["predicted"] = tau / (k * c + costs["v"][str(k)])
+            entry[label] = item
+        out[name] = entry
+    return out
+
+
+def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """bench/gpu.py's genai phase on the head pack's target (its speculative mode needs a draft model: not run)."""
+    from specpack.contract.manifest import Manifest
+
+    work = Path(args.work)
+    pack_dir = work / "pack-head"
+    link = gpu.pack_dir_of(args, "real")  # where phase_genai reads the tokenizer
+    if not link.exists():
+        link.symlink_to(pack_dir.resolve())
+    shared = {"real": {"source_dirs": {"target": Manifest.read(pack_dir).target.source.resolved}}}
+    try:
+        gpu.phase_genai(args, shared)
+    except KeyError as err:  # its speculative configuration needs a draft (none here)
+        log(f"genai speculative not run: {err!r}")
+    result["genai"] = shared["real"].get("peers", {})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", required=True)
+    parser.add_argument("--target-gguf", required=True)
+    parser.add_argument("--prompts", nargs="+", required=True)
+    parser.add_argument("--json", required=True)
+    parser.add_argument("--train-minutes", type=float, default=6.0)
+    parser.add_argument("--phases", default="card,train,export,decode,genai")
+    args = parser.parse_args()
+    args.k, args.quantize, args.spec_only, args.rebuild_spec = 4, "none", False, False  # what gpu.phase_genai reads
+    Path(args.work).mkdir(parents=True, exist_ok=True)
+    out = Path(args.json)
+    result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
+    phases = {"card": lambda: result.__setitem__("card", gpu.card()), "train": lambda: phase_train(args, result),
+              "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
+              "genai": lambda: phase_genai(args, result)}
+    for name in args.phases.split(","):
+        t0 = time.perf_counter()
+        try:
+            phases[name]()
+        except Exception as err:  # record it, go on with the next phase
+            result.setdefault("errors", {})[name] = repr(err)
+            log(f"phase {name} failed: {err!r}")
+        result.setdefault("phase_s", {})[name] = time.perf_counter() - t0
+        out.write_text(json.dumps(result, indent=1, default=str))
+        log(f"phase {name}: {time.perf_counter() - t0:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
