@@ -23,7 +23,7 @@ from pathlib import Path
 from specpack.contract.integrity import verify_pack
 from specpack.contract.manifest import Manifest
 from specpack.errors import SpecpackError
-from specpack.limits import DRAFTERS, TREE_AUTO, TREE_OFF, TreeOption
+from specpack.limits import DRAFTERS, TREE_AUTO, TREE_OFF, TreeOption, check_tree
 from specpack.names import TOKENIZER_DIR
 from specpack.runtime.adaptive_k import AdaptiveK, Costs, PriorCosts
 from specpack.runtime.backend import Backend, BackendOptions, open_backend
@@ -206,6 +206,16 @@ class Pack:
         self._costs[(drafter, size)] = policy.costs  # the step costs measured so far carry over to the next request
         return policy
 
+    def check_tree(self, drafter: str, tree: TreeOption) -> None:
+        """A request's tree against this pack and the drafter that runs: a fixed tree needs a tree verify graph of at
+        least that many nodes and a drafter that drafts trees ("auto" and "off" suit every pack and drafter)."""
+        check_tree(tree, self.max_nodes)
+        if isinstance(tree, int) and not self.trees_for(drafter, tree):
+            raise SpecpackError(f"the {drafter} drafter drafts chains, not trees",
+                                expected="tree 'auto' or 'off' with this drafter, or drafter 'ngram' (its tries) "
+                                         "for a fixed tree", found=f"tree {tree}, drafter {drafter!r}",
+                                hint="use --drafter ngram --tree N, or --k N for chains")
+
     def trees_for(self, drafter: str, tree: TreeOption) -> bool:
         """Whether a request drafts token trees: the pack verifies trees, the drafter drafts them (the n-gram drafter's
         tries; the model and the head draft chains), and its tree is not "off"."""
@@ -251,11 +261,7 @@ class Pack:
         self._check_open()
         request.check_fits(self.limits)
         name = self.drafter_named(request.drafter)[0]
-        if isinstance(request.tree, int) and not self.trees_for(name, request.tree):
-            raise SpecpackError(f"the {name} drafter drafts chains, not trees",
-                                expected="tree 'auto' or 'off' with this drafter, or drafter 'ngram' (its tries) for "
-                                         "a fixed tree", found=f"tree {request.tree}, drafter {name!r}",
-                                hint="use --drafter ngram --tree N, or --k N for chains")
+        self.check_tree(name, request.tree)
         prompt = request.prompt
         ids = tuple(prompt) if not isinstance(prompt, str) else tuple(self._encode_text(prompt, request.chat))
         if not ids:
