@@ -43,6 +43,7 @@ from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, Costs
 from specpack.runtime.state import DecodeState, TreeShape, TreeStep
 
 CHAIN = TreeShape(width=1, depth=0)  # the shape of an empty budget
+MARGIN = 0.03  # a budget within this fraction of the best estimated rate is as good: the smallest such is taken
 
 
 class TreeAcceptance:
@@ -129,10 +130,21 @@ class TreePolicy(AdaptiveK):
     budgets, TreeAcceptance's tokens), and `state.tree` set to the best tree's shape for it."""
 
     def __init__(self, nodes_max: int, max_width: int, config: AdaptiveConfig | None = None,
-                 costs: Costs | None = None) -> None:
+                 costs: Costs | None = None, margin: float = MARGIN) -> None:
         config = config or AdaptiveConfig()
         self.trees = TreeAcceptance(nodes_max, max_width, config)
+        self.margin = margin
         super().__init__(nodes_max, config, costs, acceptance=self.trees)
+
+    def best(self, low: int = 0) -> int:
+        """The smallest budget in low..T_max whose estimated rate is within `margin` of the highest (module docstring:
+        the smaller bet where the model barely tells budgets apart)."""
+        self.trees.expected_accepted(self._tokens)
+        self.costs.step_times(self._times)
+        rates = [(1.0 + self._tokens[t]) / self._times[t] if self._times[t] > 0 else float("inf")
+                 for t in range(low, self.k_max + 1)]
+        top = max(rates)
+        return low + next(i for i, rate in enumerate(rates) if rate >= (1.0 - self.margin) * top)
 
     def next_k(self, state: DecodeState) -> int:
         nodes = super().next_k(state)

@@ -187,3 +187,16 @@ def test_greedy_with_the_tree_policy_is_the_target_alone(width: int) -> None:
         state, _ = run(bigram_backend(t, t), prompt, 40, policy, drafter=NgramDrafter(NgramConfig(1, 3, width=width)),
                        max_len=128)
         assert state.out == want and state.stats.proposed > 0
+
+
+def test_a_budget_barely_better_is_not_taken() -> None:
+    """Rates within the margin (3 %) of the best: the smallest such budget (the smaller bet), not the best by a hair."""
+    rates = {(1, 0): 0.6, **{(d, 0): 0.03 for d in range(2, 17)}}  # a second node adds 0.018 tokens for 0.01 more time
+    policy = _policy(FLAT, rates)
+    tokens, times = [0.0] * 17, [0.0] * 17
+    policy.trees.expected_accepted(tokens)
+    policy.costs.step_times(times)
+    by_rate = max(range(17), key=lambda t: (1 + tokens[t]) / times[t])
+    assert by_rate == 2 and policy.best(0) == 1
+    policy.margin = 0.0
+    assert policy.best(0) == by_rate
