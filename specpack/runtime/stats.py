@@ -30,7 +30,8 @@ class DecodeStats:
     k: int                         # the most drafts a step may ask for (the k policy's k_max)
     drafter: str = "model"         # who proposed the drafts: "model" | "ngram"
     k_policy: str = "fixed"        # "fixed" (the same k every step) | "auto" (adaptive_k.py, tree_policy.py)
-    tree: bool = False             # the drafts were token trees (k: nodes; per-position counts: by node index)
+    tree: bool = False             # the drafts were token trees: k counts nodes, and position i of the per-position
+                                   # counts is depth i + 1 (the accepted path is a chain)
     steps: int = 0                 # verify steps after the prefill
     proposed: int = 0
     accepted: int = 0

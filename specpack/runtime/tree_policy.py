@@ -18,7 +18,8 @@ The best tree of T nodes is the T nodes of the highest path products (EAGLE-2's 
 a child's product never exceeds its parent's, so the top T form a tree): taken best first from the root, a node's
 first child and its next sibling entering once it is taken. One pass to T_max gives E[accepted | T] for every T, and
 the shape of each best tree: `TreeShape(width = 1 + its highest rank, depth = its deepest node)`, what the drafter is
-asked for (the n-gram trie: earlier occurrences merged, continuations cut at the depth). With rank 0 alone this is
+asked for (the n-gram trie: earlier occurrences merged, nodes past the depth only where the budget is left unused).
+With rank 0 alone this is
 adaptive k's chain model exactly (a chain is a tree of width 1; tested), so the policy never expects fewer tokens from
 a budget than a chain of it would give, at the same cost: where verify rows are expensive (the CPU) it settles on a
 small budget, and on a chain unless a sibling is worth more than the chain's next node.
@@ -29,7 +30,10 @@ AcceptanceModel shrinks per position: toward the rank's pooled rate over all dep
     prior(r) = p0 (1 - p0)^r        (each sibling takes the share p0 of what the earlier ones left)
     pool(r)  = (sum_d passed(d, r) + w prior(r)) / (sum_d reached(d, r) + w)
     a(d, r)  = (passed(d, r) + w a(d - 1, r)) / (reached(d, r) + w),   a(0, r) from pool(r)
-Every threshold, probe and neighbour of AdaptiveK applies to T unchanged (AdaptiveConfig). Seeded sampling uses
+Every threshold, probe and neighbour of AdaptiveK applies to T unchanged (AdaptiveConfig), with one change: `best`
+takes the smallest budget whose rate is within MARGIN (3 %) of the highest, the smaller bet where the model barely
+tells budgets apart (a large tree rejected at its first node costs V(T) for one token; replayed on the CPU's int4
+costs, no margin lost 1-2 % against adaptive chains, 3 % broke even: docs/trees.md, "Measured"). Seeded sampling uses
 PriorCosts (pack.py), so the T schedule and the shapes follow acceptance alone, never the clock.
 """
 
