@@ -146,6 +146,14 @@ def test_greedy_tree_auto_off_and_n_equal_the_target_alone(pack: Pack) -> None:
     assert big["k"] == 16 and sum(big["k_histogram"][5:]) > 0  # a verify of more than k_max nodes
 
 
+def test_seeded_sampling_with_the_tree_policy_repeats(pack: Pack) -> None:
+    """Sampling with a seed: the tree policy follows PriorCosts, not the clock, so the same seed gives the same tokens."""
+    repeated = pack.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n")[:30]
+    runs = [pack.generate(repeated, 24, drafter="ngram", temperature=0.8, seed=7) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].stats["tree"] is True
+    assert runs[0].stats["k_histogram"] == runs[1].stats["k_histogram"]
+
+
 def test_trees_are_refused_clearly(pack: Pack) -> None:
     with pytest.raises(specpack.SpecpackError, match=re.escape("1..16 (this pack's max tree nodes)")):
         pack.generate(PROMPT, 6, drafter="ngram", tree=17)
