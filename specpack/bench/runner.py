@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from specpack.bench.timing import StepCosts, measure_step_costs
 from specpack.errors import SpecpackError
-from specpack.limits import K_AUTO, check_k
+from specpack.limits import K_AUTO, TREE_AUTO, TREE_OFF, TreeOption, check_k
 from specpack.prompts import BenchPrompt
 from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, GenerateRequest
 
@@ -45,17 +45,18 @@ class BenchConfig:
     timing_reps: int = 15               # repetitions of each timed call for c and v(k)
     peer: str | None = None             # "hf": transformers' generate and assisted generation
     drafter: str | None = None          # "model" | "ngram" (runtime/ngram_drafter.py); None: the pack's own
+    tree: TreeOption = TREE_AUTO        # every speculative run's tree ("auto" | "off" | N nodes: with k auto only)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def request(self, pack: Pack, ids: list[int], k: int | None, max_new_tokens: int | None = None) -> GenerateRequest:
-        """One decode of the run on `pack`: `ids` with k drafts per step (None: adaptive), the run's drafter,
-        temperature and seed."""
+        """One decode of the run on `pack`: `ids` with k drafts per step (None: adaptive), the run's drafter, tree
+        (k = 0, the target alone: none), temperature and seed."""
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         return GenerateRequest.of(ids, n, k=k, drafter=self.drafter, temperature=self.temperature, seed=self.seed,
-                                  limits=pack.limits)
+                                  tree=TREE_OFF if k == 0 else self.tree, limits=pack.limits)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
     with memory:
         with memory.phase("load"):
             pack = load(pack_path, device=config.device, threads=config.threads)
-        ks, auto = check_ks(config.ks, pack.manifest.k_max)
+        ks, auto = check_ks(config.ks, pack.manifest.k_max, isinstance(config.tree, int))
+        pack.check_tree(pack.drafter_named(config.drafter)[0], config.tree)
         timed = ks or (pack.manifest.k_max,)  # adaptive k alone: c and v(k_max)
         encoded, skipped = _encode_all(pack, prompts, config.max_new_tokens)
         _show(progress, task, description="warm-up, then timing c and v(k)")
@@ -120,11 +122,16 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
     return BenchRun(config, ks, info, runs, costs, memory.report(), skipped, auto=auto)
 
 
-def check_ks(ks: Sequence[int | None] | None, k_max: int) -> tuple[tuple[int, ...], bool]:
+def check_ks(ks: Sequence[int | None] | None, k_max: int, fixed_tree: bool = False) -> tuple[tuple[int, ...], bool]:
     """The k sweep: (the fixed ks sorted, each in 1..k_max; whether adaptive k, None in `ks`, is run). k = 0, the
-    target alone, is always run beside them. None (no --k): the pack's k_max and adaptive k."""
+    target alone, is always run beside them. None (no --k): the pack's k_max and adaptive k; with a fixed tree
+    (--tree N, which fixes every step's nodes) auto alone, and a fixed k is refused."""
+    if fixed_tree and any(k is not None for k in ks or ()):
+        raise SpecpackError("--tree N and a fixed --k both fix a step's drafts", expected=f"--k {K_AUTO} with --tree N",
+                            found=f"--k {','.join(K_AUTO if k is None else str(k) for k in ks or ())}",
+                            hint="sweep chains with --tree off --k 1,2,4, or trees with --tree auto --k 1,2,4")
     if ks is None:
-        return (k_max,), True
+        return ((), True) if fixed_tree else ((k_max,), True)
     if not ks:
         raise SpecpackError("invalid --k", expected="at least one k", found="nothing")
     return tuple(sorted({check_k(k, k_max, minimum=1, what="--k") for k in ks if k is not None})), None in ks
@@ -203,7 +210,8 @@ def _pack_info(pack: Pack, path: Path, config: BenchConfig) -> dict[str, Any]:
             "draft_quantization": quantization_brief(draft.quantization) if draft else None,
             "target_quantization": quantization_brief(m.target.quantization),
             "draft_source": dict(draft.source) if draft else {}, "target_source": dict(m.target.source),
-            "threads": config.threads, "drafter": pack.drafter_named(config.drafter)[0]}
+            "threads": config.threads, "drafter": pack.drafter_named(config.drafter)[0], "tree": config.tree,
+            "max_tree_nodes": pack.max_nodes}
 
 
 def quantization_brief(record: Quantization | None) -> dict[str, Any] | None:

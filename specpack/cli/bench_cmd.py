@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
-from specpack.bench.runner import BenchConfig
+from specpack.bench.runner import BenchConfig, check_ks
 from specpack.cli.errors import user_errors
-from specpack.cli.options import drafter_option
+from specpack.cli.options import drafter_option, tree_option
 from specpack.cli.output_paths import OutputPath, check_output_file
 from specpack.errors import SpecpackError
-from specpack.limits import K_AUTO, parse_k
+from specpack.limits import K_AUTO, K_MAX, check_tree, parse_k, parse_tree
 
 DEFAULTS = BenchConfig()
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what the plot is saved as (matplotlib picks the format by the suffix)
@@ -50,6 +50,7 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 @click.option("--json", "json_out", type=OutputPath(), default=None, help="Write the report as JSON.")
 @click.option("--plot", "plot_out", type=OutputPath(), default=None, help="Write a PNG summary.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --json / --plot files.")
+@tree_option
 @drafter_option
 @click.option("--peer", type=click.Choice(["hf", "llamacpp"]), default=None,
               help="Also run transformers' generate and assisted generation (hf), or llama.cpp's autoregressive and "
@@ -60,7 +61,7 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 @user_errors
 def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, max_new_tokens: int, limit: int | None,
                   temperature: float, seed: int, threads: int | None, device: str, timing_reps: int,
-                  json_out: Path | None, plot_out: Path | None, drafter: str | None, peer: str | None,
+                  json_out: Path | None, plot_out: Path | None, tree_text: str, drafter: str | None, peer: str | None,
                   llamacpp_dir: Path | None, overwrite: bool) -> None:
     """Benchmark speculative decoding against the target alone, on the same pack, prompts and run."""
     from rich.console import Console
@@ -79,9 +80,11 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     if timing_reps < 1:
         raise SpecpackError("invalid --timing-reps", expected="an integer >= 1", found=str(timing_reps))
     _check_outputs(json_out, plot_out, overwrite)  # before the run: its results are never lost to a bad path
+    tree = check_tree(parse_tree(tree_text))
+    check_ks(parse_ks(ks), K_MAX, isinstance(tree, int))  # the sweep against a fixed tree, before the pack loads
     config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          threads=threads, device=device, timing_reps=timing_reps, peer=peer,
-                         drafter=drafter)
+                         drafter=drafter, tree=tree)
     prompts = read_prompts(prompt_files, limit)
     if peer == "llamacpp":  # refuse before the run, not after it
         from specpack.bench.peer_llamacpp import find_tools

@@ -18,7 +18,7 @@ from specpack.errors import SpecpackError
 from specpack.runtime.backend import TargetModel
 from specpack.runtime.drafter import Drafter
 from specpack.runtime.k_policy import KPolicy
-from specpack.runtime.state import NO_DRAFTS, DecodeState
+from specpack.runtime.state import NO_DRAFTS, DecodeState, TreeStep
 
 OnTokens = Callable[[list[int]], None]
 Clock = Callable[[], float]  # seconds
@@ -46,7 +46,7 @@ def decode(state: DecodeState, target: TargetModel, drafter: Drafter, policy: KP
     target.reset(state)
     state.uniforms.draw(0)
     result = target.verify(state, NO_DRAFTS)
-    _emit(state.commit(*result), on_tokens)
+    _emit(state.commit(result.n_accepted, result.next_token), on_tokens)
     if policy.k_max > 0 and not state.finished:
         drafter.begin(state)  # the draft's prefill belongs to the first token's time too
     t_first = clock()
@@ -68,13 +68,14 @@ def decode(state: DecodeState, target: TargetModel, drafter: Drafter, policy: KP
         # 4. Verify the last committed token and the drafts in one target pass; its cache keeps the accepted part.
         result = target.verify(state, proposal)
         # 5. Commit the accepted drafts (already in place) and the next token; the drafter drops the rest.
-        new = state.commit(*result)
+        new = state.commit(result.n_accepted, result.next_token)
         if k > 0:
             drafter.commit(state)
         t_done = clock()
         stats.record_step(proposal.k, result.n_accepted, asked=k, draft_s=t_drafted - t_step,
                           verify_s=t_done - t_drafted)
-        policy.observe(proposal.k, result.n_accepted, t_done - t_step, t_drafted - t_step)
+        tree = None if proposal.parents is None or result.path is None else TreeStep(proposal.parents, result.path)
+        policy.observe(proposal.k, result.n_accepted, t_done - t_step, t_drafted - t_step, tree=tree)
         _emit(new, on_tokens)
     return _finish(state, t_first, clock(), cancelled=False)
 
