@@ -34,8 +34,9 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 @click.argument("pack", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(path_type=Path),
               help="Prompt file: JSON Lines (.gz too) of {question_id, category, turns} (Spec-Bench, MT-bench), "
-                   "{task_id, prompt} (HumanEval) or {question, answer} (GSM8K), or text, one prompt a line; repeat for "
-                   "several. Formats, shipped files and the standard sets: docs/prompts.md.")
+                   "{task_id, prompt} (HumanEval) or {question, answer} (GSM8K), or text, one prompt a line; or the "
+                   "name of a standard set fetched with `specpack fetch --prompts SET` (humaneval, mt-bench, gsm8k, "
+                   "spec-bench); repeat for several. Formats, shipped files and the standard sets: docs/prompts.md.")
 @click.option("--k", "ks", default=None,
               help="Drafts per step, one or a sweep: 4, 1,2,4,8 or 2,4,auto (auto: adaptive k, reported in its own row "
                    "with the ks it chose). Default: the pack's k_max and auto.")
@@ -66,6 +67,7 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from specpack.bench.prompt_sets import resolve_prompt_file
     from specpack.bench.report import build_report, machine_info, print_report
     from specpack.bench.runner import add_hf_extras, add_llamacpp_peer, run_bench
     from specpack.prompts import read_prompts
@@ -82,6 +84,7 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          threads=threads, device=device, timing_reps=timing_reps, peer=peer,
                          drafter=drafter)
+    prompt_files = tuple(resolve_prompt_file(p) for p in prompt_files)  # a set's name: its fetched file
     prompts = read_prompts(prompt_files, limit)
     if peer == "llamacpp":  # refuse before the run, not after it
         from specpack.bench.peer_llamacpp import find_tools
