@@ -48,8 +48,12 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 @click.option("--device", default=DEFAULTS.device, show_default=True, help="Backend: cpu, cuda or reference.")
 @click.option("--timing-reps", type=int, default=DEFAULTS.timing_reps, show_default=True,
               help="Repetitions of each timed step for c and v(k).")
+@click.option("--repeat", type=int, default=DEFAULTS.repeat, show_default=True,
+              help="Decode every prompt N times at each k (k = 0 too), in rounds; tok/s and speedups are the median "
+                   "over the rounds, with their min-max in the tables, the JSON (`repeats`) and the plot's whiskers.")
 @click.option("--json", "json_out", type=OutputPath(), default=None, help="Write the report as JSON.")
-@click.option("--plot", "plot_out", type=OutputPath(), default=None, help="Write a PNG summary.")
+@click.option("--plot", "plot_out", type=OutputPath(), default=None,
+              help="Write a summary plot (.png, .svg or .pdf): every configuration run, adaptive k included.")
 @click.option("--overwrite", is_flag=True, help="Replace existing --json / --plot files.")
 @drafter_option
 @click.option("--peer", type=click.Choice(["hf", "llamacpp"]), default=None,
@@ -62,7 +66,7 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
 def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, max_new_tokens: int, limit: int | None,
                   temperature: float, seed: int, threads: int | None, device: str, timing_reps: int,
                   json_out: Path | None, plot_out: Path | None, drafter: str | None, peer: str | None,
-                  llamacpp_dir: Path | None, overwrite: bool) -> None:
+                  llamacpp_dir: Path | None, overwrite: bool, repeat: int) -> None:
     """Benchmark speculative decoding against the target alone, on the same pack, prompts and run."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -75,15 +79,14 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     if max_new_tokens < 2:
         raise SpecpackError("invalid --max-new-tokens", expected="an integer >= 2 (decoding starts after the first)",
                             found=str(max_new_tokens))
-    if plot_out is not None and ks is not None and all(k is None for k in parse_ks(ks) or ()):
-        raise SpecpackError("--plot needs a fixed k in the sweep", expected="--k with a number, e.g. 4,auto",
-                            found=f"--k {ks}")
+    if repeat < 1:
+        raise SpecpackError("invalid --repeat", expected="an integer >= 1", found=str(repeat))
     if timing_reps < 1:
         raise SpecpackError("invalid --timing-reps", expected="an integer >= 1", found=str(timing_reps))
     _check_outputs(json_out, plot_out, overwrite)  # before the run: its results are never lost to a bad path
     config = BenchConfig(ks=parse_ks(ks), max_new_tokens=max_new_tokens, temperature=temperature, seed=seed,
                          threads=threads, device=device, timing_reps=timing_reps, peer=peer,
-                         drafter=drafter)
+                         drafter=drafter, repeat=repeat)
     prompt_files = tuple(resolve_prompt_file(p) for p in prompt_files)  # a set's name: its fetched file
     prompts = read_prompts(prompt_files, limit)
     if peer == "llamacpp":  # refuse before the run, not after it
