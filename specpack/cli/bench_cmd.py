@@ -13,6 +13,7 @@ from specpack.cli.options import drafter_option
 from specpack.cli.output_paths import OutputPath, check_output_file
 from specpack.errors import SpecpackError
 from specpack.limits import K_AUTO, parse_k
+from specpack.prompts import FORMATS_HELP
 
 DEFAULTS = BenchConfig()
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what the plot is saved as (matplotlib picks the format by the suffix)
@@ -30,9 +31,10 @@ def parse_ks(text: str | None) -> tuple[int | None, ...] | None:
                             found=text) from None
 
 
-@click.command("bench")
+@click.command("bench", epilog=FORMATS_HELP)
 @click.argument("pack", type=click.Path(path_type=Path))
 @click.option("--prompts", "prompt_files", multiple=True, required=True, type=click.Path(path_type=Path),
+              metavar="FILE|SET",
               help="Prompt file: JSON Lines (.gz too) of {question_id, category, turns} (Spec-Bench, MT-bench), "
                    "{task_id, prompt} (HumanEval) or {question, answer} (GSM8K), or text, one prompt a line; or the "
                    "name of a standard set fetched with `specpack fetch --prompts SET` (humaneval, mt-bench, gsm8k, "
