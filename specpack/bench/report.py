@@ -301,7 +301,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
         table.add_row(name, str(s["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"),
                       *_rates(s), _f(s["predicted_speedup"], ".2f", "x"), _f(s["efficiency"], ".0%"),
                       _f(s["identical_fraction"], ".0%"), style="bold" if name == "overall" else None)
-    console.print(table)
+    console.print(_fold(table))
     if len(report["by_k"]) > 1:
         sweep = Table("k", "alpha", "tau", "spec tok/s", "speedup", "pred.", "eff.", "v(k)", "ident.",
                       title="k sweep, all prompts", caption=CAPTION)
@@ -309,7 +309,7 @@ def print_report(report: dict[str, Any], console: Console) -> None:
             sweep.add_row(k, _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"), *_rates(s)[1:], _f(s["predicted_speedup"], ".2f", "x"),
                           _f(s["efficiency"], ".0%"), _f(s["v"], ".2f"), _f(s["identical_fraction"], ".0%"),
                           style="bold" if int(k) == best else None)
-        console.print(sweep)
+        console.print(_fold(sweep))
     if "auto" in report:
         _print_auto(report["auto"], console)
     c = report["costs"]
@@ -355,7 +355,14 @@ def _print_auto(a: dict[str, Any], console: Console) -> None:
         table.add_row(name, str(s["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"), *_rates(s),
                       _f(s["identical_fraction"], ".0%"), k_histogram_text(s["k_histogram"]),
                       style="bold" if name == "overall" else None)
-    console.print(table)
+    console.print(_fold(table))
+
+
+def _fold(table: Any) -> Any:
+    """Cells too wide for the console go on over more lines, never end in an ellipsis (the --repeat ranges)."""
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
 
 
 def k_histogram_text(histogram: Sequence[int]) -> str:

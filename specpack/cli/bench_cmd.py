@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import click
@@ -108,7 +109,8 @@ def bench_command(pack: Path, prompt_files: tuple[Path, ...], ks: str | None, ma
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(report, indent=2) + "\n")
-    print_report(report, Console())
+    # piped (a log, not a terminal): no width to fit, so no row is folded; in a terminal, wide cells fold (never cut)
+    print_report(report, Console(width=None if sys.stdout.isatty() else 10_000))
     if plot_out is not None:
         from specpack.bench.plot import plot_report
 
