@@ -92,3 +92,15 @@ def test_the_plot_draws_every_configuration_with_the_overall_line_on_top(tmp_pat
     assert overall and overall[0].get_zorder() == max(line.get_zorder() for line in ax.get_lines())
     assert list(overall[0].get_ydata()) == [report["by_k"]["2"]["speedup"], report["by_k"]["4"]["speedup"],
                                             report["auto"]["speedup"]]
+
+
+def test_a_round_with_other_tokens_is_named_in_the_notes() -> None:
+    from specpack.bench.runner import _repeat_notes
+
+    t = [5, 6, 7, 8, 9]
+    r = prompt_run("a", "x", _decode(t, 1.0, 0), {2: _decode(t, 0.5, 2)})
+    r.again = [{0: _decode(t, 1.0, 0), 2: _decode([5, 6, 7, 8, 1], 0.5, 2)}]
+    assert _repeat_notes([r]) == ["--repeat: 1 decodes gave other tokens than their first run with the same seed "
+                                  "(a k=2); alpha, tau and identity are the first run's"]
+    r.again[0][2] = _decode(t, 0.5, 2)
+    assert _repeat_notes([r]) == []
