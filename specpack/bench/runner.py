@@ -46,6 +46,7 @@ class BenchConfig:
     peer: str | None = None             # "hf": transformers' generate and assisted generation
     drafter: str | None = None          # "model" | "ngram" (runtime/ngram_drafter.py); None: the pack's own
     tree: TreeOption = TREE_AUTO        # every speculative run's tree ("auto" | "off" | N nodes: with k auto only)
+    repeat: int = 1                     # decodes of each prompt at each k (k = 0 too): median and spread reported
 
     @property
     def greedy(self) -> bool:
@@ -71,8 +72,13 @@ class Decode:
 class PromptRun:
     prompt: BenchPrompt
     ids: list[int]                              # prompt token ids, as the pack encoded them
-    ar: Decode                                  # k = 0: the target alone
+    ar: Decode                                  # k = 0: the target alone (the first of --repeat decodes)
     spec: dict[int | str, Decode] = field(default_factory=dict)  # by k; adaptive k under K_AUTO ("auto")
+    again: list[dict[int | str, Decode]] = field(default_factory=list)  # --repeat 2..N, by k (0: the target alone)
+
+    def decodes(self, k: int | str) -> list[Decode]:
+        """Every decode at `k` (0: the target alone), the first one first: --repeat of them."""
+        return [self.ar if k == 0 else self.spec[k], *(rep[k] for rep in self.again)]
 
 
 @dataclass
@@ -113,13 +119,13 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
             costs = measure_step_costs(pack, timed, _timing_context(encoded, config, pack, timed), encoded[0][1],
                                        reps=config.timing_reps,
                                        with_draft=pack.drafter_named(config.drafter)[0] == "model")
-        _show(progress, task, total=len(encoded) * (1 + len(ks) + auto))
+        _show(progress, task, total=len(encoded) * (1 + len(ks) + auto) * config.repeat)
         runs = _decode_all(pack, encoded, sweep(ks, auto), config, memory, progress, task)
         info = _pack_info(pack, pack_path, config)
         pack.close()
         del pack
         gc.collect()
-    return BenchRun(config, ks, info, runs, costs, memory.report(), skipped, auto=auto)
+    return BenchRun(config, ks, info, runs, costs, memory.report(), skipped, notes=_repeat_notes(runs), auto=auto)
 
 
 def check_ks(ks: Sequence[int | None] | None, k_max: int, fixed_tree: bool = False) -> tuple[tuple[int, ...], bool]:
@@ -182,19 +188,34 @@ def _timing_context(encoded: list[tuple[BenchPrompt, list[int]]], config: BenchC
 
 def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tuple[int | None, ...], config: BenchConfig,
                 memory: PhaseMemory, progress: Progress | None, task: TaskID | None) -> list[PromptRun]:
+    """Per prompt, --repeat rounds of (k = 0, each k): a slow moment of the machine falls on every k alike."""
     runs = []
     for prompt, ids in encoded:
-        for k in (0, *ks):
-            _show(progress, task, description=f"{prompt.id} k={K_AUTO if k is None else k}")
-            with memory.phase("autoregressive" if k == 0 else "speculative"):
-                out = pack.generate_request(config.request(pack, ids, k))
-            decode = Decode(out.tokens, out.stats)
-            if k == 0:
-                runs.append(PromptRun(prompt, ids, decode))
-            else:
-                runs[-1].spec[K_AUTO if k is None else k] = decode
-            _show(progress, task, advance=1)
+        rounds: list[dict[int | str, Decode]] = []
+        for r in range(config.repeat):
+            decodes: dict[int | str, Decode] = {}
+            for k in (0, *ks):
+                key = K_AUTO if k is None else k
+                again = f" (repeat {r + 1}/{config.repeat})" if config.repeat > 1 else ""
+                _show(progress, task, description=f"{prompt.id} k={key}{again}")
+                with memory.phase("autoregressive" if k == 0 else "speculative"):
+                    out = pack.generate_request(config.request(pack, ids, k))
+                decodes[key] = Decode(out.tokens, out.stats)
+                _show(progress, task, advance=1)
+            rounds.append(decodes)
+        first = rounds[0]
+        runs.append(PromptRun(prompt, ids, first[0], {k: d for k, d in first.items() if k != 0}, rounds[1:]))
     return runs
+
+
+def _repeat_notes(runs: Sequence[PromptRun]) -> list[str]:
+    """A repeat whose tokens differ from the first decode's (same seed): the backend is not deterministic here."""
+    differ = sorted({f"{r.prompt.id} k={k}" for r in runs for rep in r.again for k, d in rep.items()
+                     if d.tokens != r.decodes(k)[0].tokens})
+    if not differ:
+        return []
+    return [f"--repeat: {len(differ)} decodes gave other tokens than their first run with the same seed "
+            f"({', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}); alpha, tau and identity are the first run's"]
 
 
 def _show(progress: Progress | None, task: TaskID | None, **fields: Any) -> None:
