@@ -29,8 +29,7 @@ import gpu
 
 PROBE_STEPS = 20
 K_SWEEP = (1, 2, 3, 4, 6)
-DISTILL = ["--device", "cuda", "--batch", "8", "--seq-len", "512", "--self-prompts", "512", "--stdlib-tokens", "2000000",
-           "--no-progress", "--checkpoint-every", "100000"]
+DISTILL = ["--device", "cuda", "--batch", "8", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
 
 
 def log(line: str) -> None:
@@ -47,8 +46,9 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
     work = Path(args.work)
     probe, head = work / "head-probe", work / "head"
     t0 = time.perf_counter()
+    data = args.data.split()
     specpack("distill", "--target", args.target_gguf, "-o", str(probe), "--steps", "100000", "--stop-at",
-             str(PROBE_STEPS), *DISTILL)
+             str(PROBE_STEPS), *DISTILL, *data)
     state = torch.load(probe / "ckpt" / "latest.pt", map_location="cpu", weights_only=False)
     per_step = float(state["wall_s"]) / PROBE_STEPS
     steps = max(50, int(60 * args.train_minutes / per_step))
@@ -57,7 +57,7 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
     for name in ("corpus.npz", "corpus.json", "corpus.key.json"):
         shutil.copy(probe / "ckpt" / name, head / "ckpt" / name)
     t1 = time.perf_counter()
-    specpack("distill", "--target", args.target_gguf, "-o", str(head), "--steps", str(steps), *DISTILL)
+    specpack("distill", "--target", args.target_gguf, "-o", str(head), "--steps", str(steps), *DISTILL, *data)
     record = json.loads((head / "head.json").read_text())
     result["train"] = {"probe_step_ms": per_step * 1e3, "steps": steps, "train_call_s": time.perf_counter() - t1,
                        "data": record["data"], "recipe": record["recipe"], "training": record["training"],
@@ -157,6 +157,8 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", required=True)
     parser.add_argument("--json", required=True)
     parser.add_argument("--train-minutes", type=float, default=6.0)
+    parser.add_argument("--data", default="--self-prompts 512 --stdlib-tokens 2000000",
+                        help="the distill data options (the first run: 512 prompts answered, 2 M stdlib tokens)")
     parser.add_argument("--phases", default="card,train,export,decode,genai")
     args = parser.parse_args()
     args.k, args.quantize, args.spec_only, args.rebuild_spec = 4, "none", False, False  # what gpu.phase_genai reads

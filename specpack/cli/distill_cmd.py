@@ -38,6 +38,8 @@ DEFAULTS = DistillConfig()
               help="Default recipe: prompts written from specpack's templates and answered by the target.")
 @click.option("--answer-tokens", type=int, default=DEFAULTS.answer_tokens, show_default=True,
               help="New tokens the target writes per prompt.")
+@click.option("--generation-batch", type=int, default=DEFAULTS.generation_batch, show_default=True,
+              help="Prompts the target answers at once (more on a GPU).")
 @click.option("--checkpoint-every", type=int, default=DEFAULTS.checkpoint_every, show_default=True)
 @click.option("--max-minutes", type=float, default=None,
               help="Stop after this long with a checkpoint; run the same command again to resume.")
@@ -47,14 +49,15 @@ DEFAULTS = DistillConfig()
 @user_errors
 def distill_command(target: str, output: Path, steps: int, data: tuple[str, ...], device: str, seed: int, seq_len: int,
                     batch: int, lr: float, ttt_steps: int, subset_size: int, stdlib_tokens: int, self_prompts: int,
-                    answer_tokens: int, checkpoint_every: int, max_minutes: float | None, stop_at: int | None,
-                    threads: int | None, no_progress: bool) -> None:
+                    answer_tokens: int, generation_batch: int, checkpoint_every: int, max_minutes: float | None,
+                    stop_at: int | None, threads: int | None, no_progress: bool) -> None:
     """Train a draft head for TARGET by self-distillation (EAGLE-style; docs/heads.md)."""
     from specpack.distill.trainer import distill
 
     config = DistillConfig(steps=steps, seed=seed, device=device, data=tuple(data), seq_len=seq_len, batch=batch, lr=lr,
                            ttt_steps=ttt_steps, subset_size=subset_size, stdlib_tokens=stdlib_tokens,
-                           self_prompts=self_prompts, answer_tokens=answer_tokens, checkpoint_every=checkpoint_every,
+                           self_prompts=self_prompts, answer_tokens=answer_tokens, generation_batch=generation_batch,
+                           checkpoint_every=checkpoint_every,
                            max_minutes=max_minutes, stop_at=stop_at, threads=threads, progress=not no_progress)
     distill(target, output, config)
     click.echo(str(output))

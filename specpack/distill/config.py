@@ -29,6 +29,7 @@ class DistillConfig:
     stdlib_tokens: int = 1_000_000     # default recipe: Python's standard library sources, this many tokens
     self_prompts: int = 256            # default recipe: prompts written from seed_prompts.py's templates
     answer_tokens: int = 256           # new tokens the target writes per prompt
+    generation_batch: int = 32         # prompts the target answers at once (a GPU answers 128 at about the cost of 32)
     checkpoint_every: int = 200        # steps between checkpoints (and at the end, and at max_minutes)
     log_every: int = 10                # steps between loss-curve points
     max_minutes: float | None = None   # stop (with a checkpoint) after this long; run again to resume
@@ -40,6 +41,7 @@ class DistillConfig:
     def __post_init__(self) -> None:
         positive = {"--steps": self.steps, "--seq-len": self.seq_len, "--batch": self.batch,
                     "--ttt-steps": self.ttt_steps, "--subset-size": self.subset_size,
+                    "--generation-batch": self.generation_batch,
                     "--checkpoint-every": self.checkpoint_every, "--log-every": self.log_every}
         for option, value in positive.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -30,7 +30,6 @@ from specpack.errors import SpecpackError
 from specpack.limits import PROMPT_SET_BYTES
 
 SAMPLED_TEMPERATURE = 0.7
-GENERATION_BATCH = 32
 CORPUS_FILE, CORPUS_RECORD, CORPUS_KEY = "corpus.npz", "corpus.json", "corpus.key.json"
 
 
@@ -85,6 +84,7 @@ def recipe(config: DistillConfig) -> dict[str, Any]:
     sources = list(config.data) or (["stdlib", "self"] if config.default_recipe else [])
     return {"sources": sources, "stdlib_tokens": config.stdlib_tokens, "self_prompts": config.self_prompts,
             "answer_tokens": config.answer_tokens, "answers": f"half greedy, half sampled at T {SAMPLED_TEMPERATURE}",
+            "generation_batch": config.generation_batch,  # the sampled answers' seeds follow the batches
             "seed_templates_sha256": templates_sha256(), "never": "Spec-Bench, MT-bench, HumanEval, GSM8K, ShareGPT"}
 
 
@@ -172,8 +172,8 @@ def _answered(name: str, prompts: list[tuple[str, bool]], model: Any, tokenizer:
     answers: dict[int, list[int]] = {}
     for sampled in (False, True):
         chosen = [i for i in range(len(encoded)) if (i % 2 == 1) == sampled]
-        for start in range(0, len(chosen), GENERATION_BATCH):
-            batch = chosen[start:start + GENERATION_BATCH]
+        for start in range(0, len(chosen), config.generation_batch):
+            batch = chosen[start:start + config.generation_batch]
             torch.manual_seed(config.seed * 1_000_003 + batch[0])
             for i, answer in zip(batch, _generate(model, [encoded[i] for i in batch], config.answer_tokens, sampled,
                                                   eos), strict=True):

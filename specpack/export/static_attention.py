@@ -238,9 +238,10 @@ def make_attention(state: StaticCacheState) -> Callable[..., tuple[torch.Tensor,
             out = out.view(1, seq, num_heads, head_dim)  # local_window_size = window: onnxruntime-genai's
             # convention, measured on ONNX Runtime 1.32's CPU kernel (tests/export/test_static_export.py)
         else:
-            present_key, present_value = (torch.ops.specpack.kv_write(past, new, total - seq)
+            start = total - shape_value(seq, query.device)  # [1] L (a shape value mixed into device data: via a Range)
+            present_key, present_value = (torch.ops.specpack.kv_write(past, new, start)
                                           for past, new in ((past_key, key), (past_value, value)))
-            out, _, _ = standard_attention(query, None, None, present_key, present_value, total - seq, scale, window,
+            out, _, _ = standard_attention(query, None, None, present_key, present_value, start, scale, window,
                                   state.allowed)
         state.presents[layer] = (present_key, present_value)
         return out, None  # [1, S, Hq, D]

@@ -43,7 +43,7 @@ def make_fake_pack(k_max: int = 4, max_len: int = 200, draft_noise: float = 1.5)
     draft_table = target_table + rng.normal(0, draft_noise, (V, V)).astype(np.float32)
     manifest = SimpleNamespace(
         k_max=k_max, max_len=max_len, vocab_size=V, quantization=None, eos_token_ids=[],
-        drafter="model",
+        drafter="model", head=None,
         draft=(draft := SimpleNamespace(dtype="fp32", source={"source": "draft", "resolved": None}, quantization=None)),
         draft_model=draft,
         target=SimpleNamespace(dtype="fp32", source={"source": "target", "resolved": None}, quantization=None,

@@ -129,7 +129,7 @@ def test_ngram_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: t
 
 @pytest.fixture(scope="module")
 def head_dirs(tiny_head_pack) -> tuple[Path, Path, Path]:
-    return tiny_head_pack("qwen2", kv_cache="static", dtype="fp16", attention="gqa")
+    return tiny_head_pack("qwen2", kv_cache="static", dtype="fp16", attention="standard")  # head_dim 12: no GQA
 
 
 def test_the_head_on_the_gpu_drafts_the_targets_greedy_tokens(head_dirs: tuple[Path, Path, Path]) -> None:
