@@ -7,8 +7,8 @@ One `Scheduler.step()` is one iteration over every admitted request (a row), in 
     3. prefill  rows still prefilling run whole chunks of `prefill_chunk` prompt tokens, in arrival order, within a
                 budget of `prefill_chunk` tokens per iteration (at least one chunk); a row whose rest of the prompt
                 fits runs the prefill proper (its first token)
-    4. decode   every decoding row: k (its own policy, under the batch's cap) and its drafts; one verify call over
-                all rows (RowVerifier: in turn on the per-slot engines today, one batched run later); commit
+    4. decode   every decoding row: k (its own policy, under the batch's cap: batch_k.py) and its drafts; one verify
+                call over all rows (RowVerifier: in turn on the per-slot engines today, one batched run later); commit
 
 A row's chunk boundaries depend on its own prompt only (multiples of prefill_chunk), never on the other rows, so a
 request decodes the same tokens whatever it is batched with. Nothing here is thread-safe: one thread (the Batcher,
@@ -18,6 +18,7 @@ batcher.py) owns the scheduler and the backend while it steps.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import TargetModel
+from specpack.runtime.batch_k import BatchPolicy, NoCap
 from specpack.runtime.loop import Decoding
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
@@ -97,12 +99,6 @@ class SerialVerifier:
 
 Opener = Callable[[J, int], Row[J]]          # (job, slot) -> its row: state, policy, drafter, text out
 Finisher = Callable[[Row[J], str | BaseException], None]  # a row ended: its finish reason, or what it raised
-KCap = Callable[[int], int]                  # rows decoding -> the most drafts a row's step may verify
-
-
-def no_cap(rows: int) -> int:
-    """Every row drafts as its own policy says (per-slot verifies: a row's step costs what it costs alone)."""
-    return 1 << 30
 
 
 @dataclass
@@ -114,7 +110,8 @@ class Scheduler(Generic[J]):
     open_row: Opener[J]
     finish_row: Finisher[J]
     verifier: RowVerifier
-    k_cap: KCap = no_cap
+    batch_policy: BatchPolicy = field(default_factory=NoCap)  # the cap on each row's k at a batch size (batch_k.py)
+    clock: Callable[[], float] = time.perf_counter
     waiting: deque[J] = field(default_factory=deque)
     rows: list[Row[J]] = field(default_factory=list)    # admitted, in arrival order
     free: list[int] = field(default_factory=list)       # cache slots no row holds
@@ -193,20 +190,26 @@ class Scheduler(Generic[J]):
     # 4. decode
     def _decode(self) -> None:
         rows = [r for r in self.rows if r.prefilled and not r.halted]
-        cap = self.k_cap(len(rows))
+        if not rows:
+            return
+        cap = self.batch_policy.cap(len(rows))
         planned: list[tuple[Row[J], Proposal]] = []
+        t_draft = self.clock()
         for row in rows:
             try:
                 k = row.decoding.plan(None if row.own_k else cap)
                 planned.append((row, row.decoding.draft(k)))
             except Exception as err:
                 self._end(row, err)
+        t_verify = self.clock()
         try:
             results = self.verifier.verify([(row.state, proposal) for row, proposal in planned])
         except Exception as err:  # a batched run failed: every row in it
             for row, _ in planned:
                 self._end(row, err)
             return
+        self.batch_policy.observe([p.k for _, p in planned], [r.n_accepted for r, _ in results], t_verify - t_draft,
+                                  self.clock() - t_verify)
         for (row, proposal), (result, verify_s) in zip(planned, results, strict=True):
             try:
                 row.decoding.commit(proposal, result, verify_s)
