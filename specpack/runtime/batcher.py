@@ -92,6 +92,7 @@ class Batcher(Generic[J]):
         self._closing = False
         self.steps = 0                # iterations run (tests and metrics)
         self.batch_sizes: list[int] = []  # rows decoding at each iteration (bounded: the last 4096)
+        self.on_step: Callable[[int], None] | None = None  # after each iteration, with its rows (server metrics)
         self._thread = threading.Thread(target=self._run, name="specpack-batcher", daemon=True)
         self._thread.start()
 
@@ -154,4 +155,6 @@ class Batcher(Generic[J]):
             self.steps += 1
             if len(self.batch_sizes) >= 4096:
                 del self.batch_sizes[:2048]
-            self.batch_sizes.append(len(self.scheduler.rows))
+            self.batch_sizes.append(rows := len(self.scheduler.rows))
+            if self.on_step is not None:
+                self.on_step(rows)

@@ -66,21 +66,22 @@ class PackRows:
         return Row(job, slot, decoding, halt, own_k=own_k)
 
     def finish(self, row: Row[PackJob], outcome: str | BaseException) -> None:
-        """Never raises: whatever goes wrong ends up in the handle."""
+        """Never raises: whatever goes wrong ends up in the handle. The batcher counts the job out before its handle
+        is told, so a caller that submits again as soon as its result is in finds the place free."""
         job = row.job
-        try:
-            if isinstance(outcome, BaseException):
-                job.handle.finish(None, outcome)
-            elif job.text is None:  # cancelled before it was admitted
-                raise SpecpackError("internal: a finished row without its text", expected="an admitted job",
-                                    found="none")
-            else:
-                job.handle.finish(self.pack.generation(job.prepared, row.state, job.text, outcome))
-        except BaseException as err:  # on_text raised while the text was flushed
-            job.handle.finish(None, err)
-        finally:
-            if self.batcher is not None:
-                self.batcher.finished()
+        generation: Generation | None = None
+        error: BaseException | None = outcome if isinstance(outcome, BaseException) else None
+        if error is None:
+            try:
+                if job.text is None:
+                    raise SpecpackError("internal: a finished row without its text", expected="an admitted job",
+                                        found="none")
+                generation = self.pack.generation(job.prepared, row.state, job.text, str(outcome))
+            except BaseException as err:  # on_text raised while the text was flushed
+                error = err
+        if self.batcher is not None:
+            self.batcher.finished()
+        job.handle.finish(generation, error)
 
 
 def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int) -> Batcher[PackJob]:
