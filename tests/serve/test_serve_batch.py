@@ -99,3 +99,63 @@ def test_the_queue_bound_counts_past_the_rows_and_a_leaving_client_frees_its_row
 def test_max_batch_above_the_slots_is_refused(live: Live) -> None:
     with pytest.raises(specpack.SpecpackError, match="max_batch <= 1"):
         build_app(live.reference, ServeConfig(live.pack_dir, max_batch=2))
+
+
+def test_a_timeout_cancels_its_row_only(batched: Live) -> None:
+    batched.pack.delay = 0.02
+    client = batched.client()
+    try:
+        batched.decoder.timeout_s = 0.5  # the timer is set as a request is queued: this one only
+        late: list[BaseException] = []
+        doomed = threading.Thread(target=lambda: _capture(late, lambda: client.completions.create(
+            model=MODEL, prompt=PROMPTS[0], max_tokens=200, temperature=0)))
+        doomed.start()
+        assert wait_until(lambda: _scrape(batched, client, "specpack_running_requests") == 1)
+        batched.decoder.timeout_s = 600.0
+        out = client.completions.create(model=MODEL, prompt=PROMPTS[1], max_tokens=24, temperature=0)
+        doomed.join(30)
+        assert len(late) == 1 and getattr(late[0], "status_code", None) == 504, late
+        assert out.choices[0].text == batched.reference.generate(PROMPTS[1], 24).text
+    finally:
+        batched.decoder.timeout_s = 600.0
+        batched.pack.delay = 0.0
+        client.close()
+
+
+def test_shutdown_ends_every_row_cleanly(tiny_pack, live: Live) -> None:
+    """Leaving the server (as SIGTERM does) with two streams decoding and no grace: each stream ends with an error
+    event and [DONE], and the pack's batch ends (nothing hangs)."""
+    pack_dir: Path = tiny_pack("qwen2", "noisy")[0]
+    pack = SlowPack(specpack.load(pack_dir, options=BackendOptions(slots=2)))
+    pack.delay = 0.05
+    app = build_app(pack, ServeConfig(pack_dir, max_batch=2, shutdown_grace_s=0.0, model_name=MODEL))  # type: ignore[arg-type]
+    ends: list[BaseException | None] = []
+    with serve_in_thread(app) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
+        streams = [client.completions.create(model=MODEL, prompt=p, max_tokens=200, temperature=0, stream=True)
+                   for p in PROMPTS[:2]]
+        for s in streams:
+            next(s)
+
+        def drain(stream: openai.Stream) -> None:  # type: ignore[type-arg]
+            try:
+                for _ in stream:
+                    pass
+                ends.append(None)
+            except openai.APIError as err:
+                ends.append(err)
+
+        readers = [threading.Thread(target=drain, args=(s,)) for s in streams]
+        for reader in readers:
+            reader.start()
+    for reader in readers:
+        reader.join(30)
+    assert len(ends) == 2 and all(isinstance(e, openai.APIError) and "shutting down" in e.message for e in ends), ends
+    pack.close()
+
+
+def _capture(into: list[BaseException], call) -> None:  # type: ignore[no-untyped-def]
+    try:
+        call()
+    except BaseException as err:
+        into.append(err)
