@@ -24,6 +24,8 @@ from specpack.runtime.scheduler import ChunkedTarget, Row, Scheduler, SchedulerC
 from specpack.runtime.stop_strings import TextOut
 
 if TYPE_CHECKING:
+    from specpack.runtime.backend import TargetModel
+    from specpack.runtime.batched_target import BatchedGreedyTarget as BatchedTarget
     from specpack.runtime.pack import Generation, Pack
 
 
@@ -49,8 +51,8 @@ class _Either(threading.Event):
 class PackRows:
     """The scheduler's opener and finisher for one pack."""
 
-    def __init__(self, pack: Pack) -> None:
-        self.pack = pack
+    def __init__(self, pack: Pack, target: TargetModel) -> None:
+        self.pack, self.target = pack, target
         self.batcher: Batcher[PackJob] | None = None  # told when a job finishes
 
     def open(self, job: PackJob, slot: int) -> Row[PackJob]:
@@ -59,7 +61,7 @@ class PackRows:
         policy = pack.policy(request.k, prepared.drafter, request.sampling, request.seed)
         job.text = text = TextOut(pack.tokenizer, request.stop, job.handle.text)
         state = pack.new_state(prepared, policy, slot)
-        decoding = Decoding(state, pack.backend.target(), pack.drafters[prepared.drafter], policy, text.push,
+        decoding = Decoding(state, self.target, pack.drafters[prepared.drafter], policy, text.push,
                             time.perf_counter)
         halt = text.halt(_Either(job.handle.cancel_event, job.cancel))
         own_k = not request.sampling.greedy and request.seed is not None
@@ -84,20 +86,26 @@ class PackRows:
         job.handle.finish(generation, error)
 
 
-def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int) -> Batcher[PackJob]:
-    """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier) on its own thread."""
+def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int,
+                   batched: BatchedTarget | None = None) -> Batcher[PackJob]:
+    """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier), or over a batched
+    target (one run per step: runtime/batched_target.py), on its own thread."""
     if isinstance(max_batch, int) and max_batch > pack.slots:
         raise SpecpackError("max_batch exceeds the backend's cache slots", expected=f"max_batch <= {pack.slots}",
                             found=f"max_batch {max_batch}",
                             hint="load the pack with options=BackendOptions(slots=N), one KV cache per row")
     config = SchedulerConfig(max_batch=max_batch, prefill_chunk=prefill_chunk)
-    target = pack.backend.target()
-    if not hasattr(target, "prefill_chunk"):
-        raise SpecpackError("this backend's target cannot prefill in chunks", expected="an EngineBackend's Target",
-                            found=type(target).__name__)
-    rows = PackRows(pack)
-    chunked: ChunkedTarget = target  # type: ignore[assignment]
-    scheduler = Scheduler(config, chunked, rows.open, rows.finish, SerialVerifier(target, time.perf_counter))
+    if batched is not None:
+        rows = PackRows(pack, batched)
+        scheduler = Scheduler(config, batched, rows.open, rows.finish, batched)
+    else:
+        target = pack.backend.target()
+        if not hasattr(target, "prefill_chunk"):
+            raise SpecpackError("this backend's target cannot prefill in chunks", expected="an EngineBackend's Target",
+                                found=type(target).__name__)
+        rows = PackRows(pack, target)
+        chunked: ChunkedTarget = target  # type: ignore[assignment]
+        scheduler = Scheduler(config, chunked, rows.open, rows.finish, SerialVerifier(target, time.perf_counter))
     batcher = Batcher(scheduler, pack.exclusive, max_waiting=max_waiting)
     rows.batcher = batcher
     return batcher

@@ -76,7 +76,7 @@ class Row(Generic[J]):
 
 
 class RowVerifier(Protocol):
-    def verify(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
+    def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
         """Each row's verify, in order: its VerifyResult and the seconds its step pays for the verify."""
         ...
 
@@ -88,7 +88,7 @@ class SerialVerifier:
     def __init__(self, target: TargetModel, clock: Callable[[], float]) -> None:
         self.target, self.clock = target, clock
 
-    def verify(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
+    def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
         out = []
         for state, proposal in rows:
             t = self.clock()
@@ -203,7 +203,7 @@ class Scheduler(Generic[J]):
                 self._end(row, err)
         t_verify = self.clock()
         try:
-            results = self.verifier.verify([(row.state, proposal) for row, proposal in planned])
+            results = self.verifier.verify_rows([(row.state, proposal) for row, proposal in planned])
         except Exception as err:  # a batched run failed: every row in it
             for row, _ in planned:
                 self._end(row, err)
