@@ -68,7 +68,7 @@ class BatchedGreedyTarget:
         cached = self.lengths[state.slot]
         if not cached < end < state.length:
             raise ValueError(f"a prefill chunk ends at {end}: expected {cached} < end < {state.length}")
-        self._run({state.slot: state.ids[cached:end]})
+        self.run({state.slot: state.ids[cached:end]})
         self.lengths[state.slot] = end
 
     # --- RowVerifier ---
@@ -82,7 +82,7 @@ class BatchedGreedyTarget:
                                     hint="docs/batching.md: the batched sampling head is what remains")
         t = self.clock()
         tokens = {state.slot: state.ids[self.lengths[state.slot] : state.length + proposal.k] for state, proposal in rows}
-        best = self._run(tokens)
+        best = self.run(tokens)
         out = []
         for state, proposal in rows:
             slot, k = state.slot, proposal.k
@@ -97,7 +97,7 @@ class BatchedGreedyTarget:
     def close(self) -> None:
         self.graph.close()
 
-    def _run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+    def run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         """One run over the slots [min, max] of `tokens` (slot -> its new tokens); slot -> its best [S] (a view)."""
         lo, hi = min(tokens), max(tokens) + 1
         seq = max(2, *(len(t) for t in tokens.values()))
