@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specpack.errors import SpecpackError
+from specpack.runtime.batch_k import BatchKCap
 from specpack.runtime.batcher import Batcher, Handle
 from specpack.runtime.loop import Decoding
 from specpack.runtime.request import PreparedRequest
@@ -95,9 +96,10 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
                             found=f"max_batch {max_batch}",
                             hint="load the pack with options=BackendOptions(slots=N), one KV cache per row")
     config = SchedulerConfig(max_batch=max_batch, prefill_chunk=prefill_chunk)
-    if batched is not None:
+    if batched is not None:  # one run per step: speculation is turned down as the batch grows (batch_k.py)
         rows = PackRows(pack, batched)
-        scheduler = Scheduler(config, batched, rows.open, rows.finish, batched)
+        scheduler = Scheduler(config, batched, rows.open, rows.finish, batched,
+                              batch_policy=BatchKCap(pack.manifest.k_max, max_batch))
     else:
         target = pack.backend.target()
         if not hasattr(target, "prefill_chunk"):

@@ -87,6 +87,8 @@ def test_requests_through_one_run_per_step(tiny_pack, batched_graph: tuple[Path,
         handles = [pack.submit(r) for r in requests]
         assert [h.result(timeout=60).tokens for h in handles] == expected
         assert max(engine.runs) == 4 and engine.runs.count(4) > len(engine.runs) // 2  # most steps: all rows at once
+        cap = pack._batcher.scheduler.batch_policy  # type: ignore[union-attr]
+        assert sum(map(len, cap.verify)) > 0  # the batched steps' costs measured: the cap on k follows them
         sampled = pack.submit(GenerateRequest.of(prompts[0], 4, temperature=1.0, limits=pack.limits))
         with pytest.raises(SpecpackError, match="greedy chains only"):
             sampled.result(timeout=60)
