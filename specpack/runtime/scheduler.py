@@ -137,9 +137,8 @@ class Scheduler(Generic[J]):
 
     def cancel_all(self, reason: BaseException) -> None:
         """Every job, waiting or admitted, finishes with `reason` (closing)."""
-        for row in self.rows:
+        for row in list(self.rows):  # _end removes each from self.rows
             self._end(row, reason)
-        self.rows.clear()
         while self.waiting:
             job = self.waiting.popleft()
             self.finish_row(Row(job, -1, _NO_DECODING, None), reason)

@@ -160,16 +160,17 @@ def test_a_long_prompt_is_prefilled_in_chunks(pack_dir: Path, alone: Pack) -> No
 
 
 def test_close_ends_requests_in_flight(pack_dir: Path, alone: Pack) -> None:
-    pack = _load(pack_dir, 1)
+    """Every request in flight ends (two rows admitted, one waiting), each with its result or the closing error."""
+    pack = _load(pack_dir, 2)
     request = GenerateRequest.of(_prompts(alone, 1)[0], 30, limits=alone.limits)
     with pack.exclusive():  # nothing decodes until close() takes over
-        handles = [pack.submit(request) for _ in range(2)]
+        handles = [pack.submit(request) for _ in range(3)]
         closer = threading.Thread(target=pack.close)
         closer.start()
     closer.join(30)
     for handle in handles:
         try:
-            handle.result(timeout=30)  # the first may have run a step or all of them; the waiting one never started
+            handle.result(timeout=30)  # the first two may have run a step or all of them; the waiting one never started
         except SpecpackError as err:
             assert "closed while the request was in flight" in str(err)
     with pytest.raises(SpecpackError, match="closed"):
