@@ -3,6 +3,7 @@ backend over bigram tables: the logic beside the real-backend tests of test_sche
 
 from __future__ import annotations
 
+import numpy as np
 from harness import bigram_backend, table
 
 from specpack.runtime.adaptive_k import AdaptiveConfig
@@ -79,3 +80,61 @@ def test_the_scheduler_caps_every_row_but_seeded_sampling() -> None:
     assert finished == {0: "length", 1: "length"} and cap.steps > 0
     assert rows[0].stats.k_histogram[2:] == [0, 0, 0] and rows[0].stats.k_histogram[1] > 0  # capped at 1
     assert rows[1].stats.k_histogram[4] > 0                                                 # its own k = 4
+
+
+def test_random_joins_cancellations_and_chunks_keep_every_request_its_own() -> None:
+    """A seeded storm on the reference backend: requests arrive between steps, some are cancelled at random steps,
+    long prompts are chunked. Every job finishes exactly once; no two rows ever hold a slot; at most max_batch rows;
+    every request that was not cancelled gives its lone tokens (greedy and seeded sampling), a cancelled one a prefix."""
+    import threading
+
+    from harness import run as run_alone
+
+    t = table(30, 4)
+    draft = t + table(30, 5, 1.0)
+    backend = bigram_backend(t, draft, slots=3)
+    rng = np.random.default_rng(0)
+    jobs = []
+    for i in range(14):
+        params = SamplingParams() if i % 2 else SamplingParams(1.0, top_k=8)
+        prompt = rng.integers(0, 30, int(rng.integers(1, 40))).tolist()
+        jobs.append((prompt, params, int(rng.integers(0, 5)), threading.Event()))
+    expected = [run_alone(bigram_backend(t, draft), p, 16, k, params=params, seed=7)[0].out for p, params, k, _ in jobs]
+    finished: dict[int, tuple[str | BaseException, list[int]]] = {}
+
+    def open_row(job: int, slot: int) -> Row[int]:
+        prompt, params, k, cancel = jobs[job]
+        state = DecodeState.start(prompt, 16, params, Uniforms(params, 8, seed=7), eos_ids=frozenset(), max_len=64,
+                                  k_max=8, stats=DecodeStats(k=k), slot=slot)
+        return Row(job, slot, Decoding(state, backend.target(), ModelDrafter(backend.draft), FixedK(k)), cancel,
+                   own_k=not params.greedy)
+
+    def finish_row(row: Row[int], outcome: str | BaseException) -> None:
+        assert row.job not in finished
+        finished[row.job] = (outcome, list(row.state.out) if row.state is not None else [])
+
+    scheduler: Scheduler[int] = Scheduler(SchedulerConfig(max_batch=3, prefill_chunk=8), backend.target(),  # type: ignore[arg-type]
+                                          open_row, finish_row, SerialVerifier(backend.target(), lambda: 0.0))
+    arrivals = sorted(rng.integers(0, 30, len(jobs)).tolist())
+    cancel_at = {int(j): int(rng.integers(1, 20)) for j in rng.choice(len(jobs), 4, replace=False)}
+    step, most = 0, 0
+    while len(finished) < len(jobs):
+        for job, at in enumerate(arrivals):
+            if at == step:
+                scheduler.add(job)
+        for job, at in cancel_at.items():
+            if at == step - arrivals[job]:
+                jobs[job][3].set()
+        scheduler.step()
+        slots = [r.slot for r in scheduler.rows]
+        assert len(slots) == len(set(slots)) <= 3 and set(slots) | set(scheduler.free) == {0, 1, 2}
+        most = max(most, len(slots))
+        step += 1
+        assert step < 500
+    assert most == 3 and any(o == "cancelled" and len(t) < 16 for o, t in finished.values())
+    assert any(len(p) > 8 for p, *_ in jobs)  # some prompts were chunked
+    for job, (outcome, tokens) in finished.items():
+        if jobs[job][3].is_set():
+            assert outcome in ("cancelled", "length") and tokens == expected[job][: len(tokens)], job
+        else:
+            assert (outcome, tokens) == ("length", expected[job]), job
