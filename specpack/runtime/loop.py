@@ -108,6 +108,10 @@ class Decoding:
         self._draft_s = self.clock() - t
         return proposal
 
+    def drafted(self, draft_s: float) -> None:
+        """3. Draft, done by the caller for several requests at once (a batched drafter): this request's share of it."""
+        self._draft_s = draft_s
+
     # 4. Verify (the caller): the last committed token and the drafts in one target pass; its cache keeps the
     #    accepted part. verify_s: the verify's time as this request's step pays it.
 

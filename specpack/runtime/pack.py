@@ -284,18 +284,22 @@ class Pack:
         return Generation(tokens=state.out, text=out_text, stats=stats, finish_reason=finish_reason)
 
     def start_batching(self, max_batch: int | None = None, *, max_waiting: int = 64,
-                       prefill_chunk: int = PREFILL_CHUNK, batched: Any = None) -> Batcher[Any]:
+                       prefill_chunk: int = PREFILL_CHUNK, batched: Any = None, batched_draft: Any = None,
+                       batch_policy: Any = None) -> Batcher[Any]:
         """Decode requests together from now on (continuous batching: docs/batching.md): `submit`, and `generate` /
         `run` too, join a running batch of up to `max_batch` requests (None: the backend's cache slots, which bound
         it), with up to `max_waiting` more waiting (past that, submit raises QueueFull). Started once; again: the
         same batcher if the arguments agree. `batched`: a batched target (runtime/batched_target.py, greedy requests
-        only) that verifies a step's rows in one run, in place of the backend's per-slot verifies."""
+        only) that verifies a step's rows in one run, in place of the backend's per-slot verifies; `batched_draft`: a
+        batched drafter (runtime/batched_draft.py) for the "model" drafter's requests, every row's drafts in one run;
+        `batch_policy`: the cap on each row's k (runtime/batch_k.py; None: BatchKCap with `batched`, else NoCap)."""
         from specpack.runtime.pack_batching import start_batching
 
         self._check_open()
         with self._batching_lock:
             if self._batcher is None:
-                self._batcher = start_batching(self, max_batch or self.slots, max_waiting, prefill_chunk, batched)
+                self._batcher = start_batching(self, max_batch or self.slots, max_waiting, prefill_chunk, batched,
+                                               batched_draft, batch_policy)
             return self._batcher
 
     def submit(self, request: GenerateRequest | PreparedRequest, *, on_text: Callable[[str], None] | None = None,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from specpack.errors import SpecpackError
-from specpack.runtime.batch_k import BatchKCap
+from specpack.runtime.batch_k import BatchKCap, BatchPolicy, NoCap
 from specpack.runtime.batcher import Batcher, Handle
 from specpack.runtime.loop import Decoding
 from specpack.runtime.request import PreparedRequest
@@ -26,7 +26,9 @@ from specpack.runtime.stop_strings import TextOut
 
 if TYPE_CHECKING:
     from specpack.runtime.backend import TargetModel
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
     from specpack.runtime.batched_target import BatchedGreedyTarget as BatchedTarget
+    from specpack.runtime.drafter import Drafter
     from specpack.runtime.pack import Generation, Pack
 
 
@@ -52,8 +54,9 @@ class _Either(threading.Event):
 class PackRows:
     """The scheduler's opener and finisher for one pack."""
 
-    def __init__(self, pack: Pack, target: TargetModel) -> None:
-        self.pack, self.target = pack, target
+    def __init__(self, pack: Pack, target: TargetModel, model_drafter: Drafter | None = None) -> None:
+        """model_drafter: in place of the pack's own for requests with the "model" drafter (a batched drafter)."""
+        self.pack, self.target, self.model_drafter = pack, target, model_drafter
         self.batcher: Batcher[PackJob] | None = None  # told when a job finishes
 
     def open(self, job: PackJob, slot: int) -> Row[PackJob]:
@@ -62,7 +65,10 @@ class PackRows:
         policy = pack.policy(request.k, prepared.drafter, request.sampling, request.seed)
         job.text = text = TextOut(pack.tokenizer, request.stop, job.handle.text)
         state = pack.new_state(prepared, policy, slot)
-        decoding = Decoding(state, self.target, pack.drafters[prepared.drafter], policy, text.push,
+        drafter = pack.drafters[prepared.drafter]
+        if prepared.drafter == "model" and self.model_drafter is not None:
+            drafter = self.model_drafter
+        decoding = Decoding(state, self.target, drafter, policy, text.push,
                             time.perf_counter)
         halt = text.halt(_Either(job.handle.cancel_event, job.cancel))
         own_k = not request.sampling.greedy and request.seed is not None
@@ -88,18 +94,21 @@ class PackRows:
 
 
 def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int,
-                   batched: BatchedTarget | None = None) -> Batcher[PackJob]:
+                   batched: BatchedTarget | None = None, batched_draft: BatchedGreedyDrafter | None = None,
+                   batch_policy: BatchPolicy | None = None) -> Batcher[PackJob]:
     """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier), or over a batched
-    target (one run per step: runtime/batched_target.py), on its own thread."""
+    target (one run per step: runtime/batched_target.py) and optionally a batched draft (batched_draft.py), on its
+    own thread. batch_policy: the cap on k (None: BatchKCap with a batched target, else NoCap)."""
     if isinstance(max_batch, int) and max_batch > pack.slots:
         raise SpecpackError("max_batch exceeds the backend's cache slots", expected=f"max_batch <= {pack.slots}",
                             found=f"max_batch {max_batch}",
                             hint="load the pack with options=BackendOptions(slots=N), one KV cache per row")
     config = SchedulerConfig(max_batch=max_batch, prefill_chunk=prefill_chunk)
     if batched is not None:  # one run per step: speculation is turned down as the batch grows (batch_k.py)
-        rows = PackRows(pack, batched)
+        rows = PackRows(pack, batched, batched_draft)
         scheduler = Scheduler(config, batched, rows.open, rows.finish, batched,
-                              batch_policy=BatchKCap(pack.manifest.k_max, max_batch))
+                              batch_policy=batch_policy or BatchKCap(pack.manifest.k_max, max_batch),
+                              row_drafter=batched_draft)
     else:
         target = pack.backend.target()
         if not hasattr(target, "prefill_chunk"):
@@ -107,7 +116,8 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
                                 found=type(target).__name__)
         rows = PackRows(pack, target)
         chunked: ChunkedTarget = target  # type: ignore[assignment]
-        scheduler = Scheduler(config, chunked, rows.open, rows.finish, SerialVerifier(target, time.perf_counter))
+        scheduler = Scheduler(config, chunked, rows.open, rows.finish, SerialVerifier(target, time.perf_counter),
+                              batch_policy=batch_policy or NoCap())
     batcher = Batcher(scheduler, pack.exclusive, max_waiting=max_waiting)
     rows.batcher = batcher
     return batcher

@@ -81,6 +81,12 @@ class RowVerifier(Protocol):
         ...
 
 
+class RowDrafter(Protocol):
+    def propose_rows(self, rows: list[tuple[DecodeState, int]]) -> list[Proposal]:
+        """Each row's proposal of up to k_b drafts, in order (all rows' j-th drafts in one run)."""
+        ...
+
+
 class SerialVerifier:
     """Every row's verify on its own slot, one after the other (the per-slot engines of every backend). A batched
     engine (docs/batching.md) takes the same rows in one run and shares its time among them."""
@@ -111,6 +117,7 @@ class Scheduler(Generic[J]):
     finish_row: Finisher[J]
     verifier: RowVerifier
     batch_policy: BatchPolicy = field(default_factory=NoCap)  # the cap on each row's k at a batch size (batch_k.py)
+    row_drafter: RowDrafter | None = None  # drafts together for the rows whose drafter it is (batched_draft.py)
     clock: Callable[[], float] = time.perf_counter
     waiting: deque[J] = field(default_factory=deque)
     rows: list[Row[J]] = field(default_factory=list)    # admitted, in arrival order
@@ -192,12 +199,21 @@ class Scheduler(Generic[J]):
         if not rows:
             return
         cap = self.batch_policy.cap(len(rows))
-        planned: list[tuple[Row[J], Proposal]] = []
         t_draft = self.clock()
+        ks: list[tuple[Row[J], int]] = []
         for row in rows:
             try:
-                k = row.decoding.plan(None if row.own_k else cap)
-                planned.append((row, row.decoding.draft(k)))
+                ks.append((row, row.decoding.plan(None if row.own_k else cap)))
+            except Exception as err:
+                self._end(row, err)
+        proposals = self._draft_together([(row, k) for row, k in ks
+                                          if k > 0 and row.decoding.drafter is self.row_drafter])
+        planned: list[tuple[Row[J], Proposal]] = []
+        for row, k in ks:
+            if row not in self.rows:  # ended while drafting
+                continue
+            try:
+                planned.append((row, proposals[id(row)] if id(row) in proposals else row.decoding.draft(k)))
             except Exception as err:
                 self._end(row, err)
         t_verify = self.clock()
@@ -215,6 +231,23 @@ class Scheduler(Generic[J]):
                 self._end_if_finished(row)
             except Exception as err:
                 self._end(row, err)
+
+    def _draft_together(self, rows: list[tuple[Row[J], int]]) -> dict[int, Proposal]:
+        """id(row) -> its proposal, for the rows the row drafter drafts (one run per draft position); each row's draft
+        phase is its share of the whole. A failure ends those rows."""
+        if not rows or self.row_drafter is None:
+            return {}
+        t = self.clock()
+        try:
+            proposals = self.row_drafter.propose_rows([(row.state, k) for row, k in rows])
+        except Exception as err:
+            for row, _ in rows:
+                self._end(row, err)
+            return {}
+        share = (self.clock() - t) / len(rows)
+        for row, _ in rows:
+            row.decoding.drafted(share)
+        return {id(row): proposal for (row, _), proposal in zip(rows, proposals, strict=True)}
 
     def _end_if_finished(self, row: Row[J]) -> None:
         if row.state.finished:

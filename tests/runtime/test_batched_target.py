@@ -15,22 +15,32 @@ import specpack
 from specpack import names
 from specpack.errors import SpecpackError
 from specpack.runtime.backend import BackendOptions
+from specpack.runtime.batch_k import NoCap
 from specpack.runtime.batched_target import BatchedGreedyTarget
 from specpack.runtime.request import GenerateRequest
 
 pytestmark = pytest.mark.slow
 
 
+def _export(model_dir: Path, out: Path) -> tuple[Path, Path]:
+    from specpack.export.batched_export import attach_greedy_head, export_batched_graph
+
+    export_batched_graph(model_dir, out)
+    head = out.with_name(f"{out.stem}_greedy.onnx")
+    attach_greedy_head(out, head)
+    return out, head
+
+
 @pytest.fixture(scope="module")
 def batched_graph(tiny_pairs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the batched plain graph, the same with the greedy head) of the qwen2 noisy pair's target."""
-    from specpack.export.batched_export import attach_greedy_head, export_batched_graph
+    return _export(tiny_pairs("qwen2", "noisy")[1], tmp_path_factory.mktemp("batched") / "target.onnx")
 
-    out = tmp_path_factory.mktemp("batched") / "target.onnx"
-    export_batched_graph(tiny_pairs("qwen2", "noisy")[1], out)
-    head = out.with_name("target_greedy.onnx")
-    attach_greedy_head(out, head)
-    return out, head
+
+@pytest.fixture(scope="module")
+def batched_draft_graph(tiny_pairs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The pair's draft in the batched form, with the greedy head."""
+    return _export(tiny_pairs("qwen2", "noisy")[0], tmp_path_factory.mktemp("batched") / "draft.onnx")[1]
 
 
 def test_each_row_has_the_logits_it_has_alone(tiny_pairs, batched_graph: tuple[Path, Path]) -> None:
@@ -92,3 +102,33 @@ def test_requests_through_one_run_per_step(tiny_pack, batched_graph: tuple[Path,
         sampled = pack.submit(GenerateRequest.of(prompts[0], 4, temperature=1.0, limits=pack.limits))
         with pytest.raises(SpecpackError, match="greedy chains only"):
             sampled.result(timeout=60)
+
+
+def test_drafts_and_verifies_through_one_run_each(tiny_pack, batched_graph: tuple[Path, Path],
+                                                  batched_draft_graph: Path) -> None:
+    """The draft model batched too: every row's j-th draft in one run, then one verify run; each request its lone
+    tokens, with the same acceptance as per-slot drafting (the same model, the same greedy drafts)."""
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
+
+    pack_dir = tiny_pack("qwen2", "noisy")[0]
+    with specpack.load(pack_dir, threads=1) as alone, \
+            specpack.load(pack_dir, threads=1, options=BackendOptions(slots=3)) as pack:
+        m = pack.manifest
+        rng = np.random.default_rng(5)
+        prompts = [rng.integers(0, m.vocab_size - 8, 10 + 3 * i).tolist() for i in range(3)]
+        requests = [GenerateRequest.of(p, 24, k=k, drafter="model", limits=pack.limits)
+                    for p, k in zip(prompts, (2, 4, 6), strict=True)]
+        lone = [alone.generate_request(r) for r in requests]
+
+        def engine(path: Path, model: object) -> BatchedGreedyTarget:
+            return BatchedGreedyTarget(path, num_layers=model.num_layers, kv_heads=model.kv_heads,  # type: ignore[attr-defined]
+                                       head_dim=model.head_dim, width=m.max_len + m.k_max + 1, slots=3,  # type: ignore[attr-defined]
+                                       k_max=m.k_max, threads=1)
+
+        draft_engine = engine(batched_draft_graph, m.draft)
+        pack.start_batching(batched=engine(batched_graph[1], m.target), batched_draft=BatchedGreedyDrafter(draft_engine),
+                            batch_policy=NoCap())  # every row drafts its own k (the cap would follow this machine)
+        out = [h.result(timeout=60) for h in [pack.submit(r) for r in requests]]
+    assert [o.tokens for o in out] == [g.tokens for g in lone]
+    assert [o.stats.accepted for o in out] == [g.stats.accepted for g in lone]
+    assert draft_engine.runs.count(3) > 3  # the rows' drafts ran together
