@@ -10,8 +10,8 @@ DEMO_PACK ?= $(SPECPACK_CACHE)/packs/qwen2.5-coder-int4
 # The fp32 pack (`--dequantize`) the committed CPU benchmark (`make bench-full`) was measured on.
 FP32_PACK ?= $(SPECPACK_CACHE)/packs/qwen2.5-coder-0.5b-1.5b
 DEMO_PROMPT ?= def quicksort(arr):\n    """Sort a list of numbers in ascending order."""\n
-# The standard prompt sets (Spec-Bench, MT-bench, HumanEval, GSM8K) are not in this repository: docs/prompts.md says
-# where to get them; point PROMPTS_DIR at the folder that holds them.
+# The standard prompt sets (Spec-Bench, MT-bench, HumanEval, GSM8K) are not in this repository: `specpack fetch
+# --prompts all` gets them into $(SPECPACK_CACHE)/prompts (docs/prompts.md); point PROMPTS_DIR at the folder that holds them.
 PROMPTS_DIR ?= ../shared/data/prompts
 
 # pytest-xdist workers, each on a core of its own (tests/conftest.py); `make test WORKERS=0` runs in one process;
@@ -96,7 +96,7 @@ bench-full: check-prompts pack-fp32
 check-prompts:
 	@for f in HumanEval.jsonl.gz mt_bench_question.jsonl gsm8k_test.jsonl; do test -f "$(PROMPTS_DIR)/$$f" || { \
 	  echo "error: no $$f in PROMPTS_DIR=$(PROMPTS_DIR)" >&2; \
-	  echo "  hint: download the prompt sets as docs/prompts.md says, then: make bench-full PROMPTS_DIR=/path/to/them" >&2; \
+	  echo "  hint: .venv/bin/specpack fetch --prompts all (docs/prompts.md), then: make bench-full PROMPTS_DIR=$(SPECPACK_CACHE)/prompts" >&2; \
 	  exit 2; }; done
 
 # A shell with the environment active (`exit` leaves it)

@@ -69,7 +69,7 @@ class ModeledCosts:
     def next_k(self, state: DecodeState) -> int:
         return self.policy.next_k(state)
 
-    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float, *, tree: object = None) -> None:
         drafting = k * self.c + (self.behind * self.catch_up if k else 0.0)
         self.behind = self.behind + 1 if k == 0 else 0
         step = drafting + self.v[k]

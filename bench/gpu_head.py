@@ -69,7 +69,7 @@ def phase_export(args: argparse.Namespace, result: dict[str, Any]) -> None:
     t0 = time.perf_counter()
     specpack("export", "--target", args.target_gguf, "--draft-head", str(work / "head"),
              "-o", str(work / "pack-head"), "--kv-cache", "static", "--attention", "gqa", "--dtype", "fp16", "--k", "8",
-             "--max-len", "1024", "--overwrite")
+             "--max-len", "1024", "--dequantize", "--overwrite")
     result["export_s"] = time.perf_counter() - t0
 
 

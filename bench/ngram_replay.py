@@ -42,7 +42,7 @@ class StepCosts(FixedK):
         super().__init__(k)
         self.cost = 0.0
 
-    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float, *, tree: object = None) -> None:
         self.cost += CPU_V[k]
 
 

@@ -24,6 +24,17 @@ from specpack.limits import PROMPT_SET_BYTES
 
 FORMATS = ("{question_id, category, turns} (Spec-Bench / MT-bench), {task_id, prompt} (HumanEval), "
            "{question, answer} (GSM8K), or a text file with one prompt a line")
+# the table above, as `specpack bench --help` shows it (\b: click keeps the lines as they are)
+FORMATS_HELP = """\b
+Prompt files (--prompts) are recognised by each record's keys, never by the file's name:
+  {question_id, category, turns}  Spec-Bench, MT-bench: the first turn, chat template
+  {task_id, prompt}               HumanEval: plain completion
+  {question, answer}              GSM8K: the question, chat template
+  anything else                   a text file: one prompt a line, plain completion
+Categories: the record's, humaneval, gsm8k, or the text file's name up to its first dot.
+JSON Lines files may be gzipped; other keys are ignored; up to 64 MiB a file. --limit N keeps
+the first N prompts of each category of each file. The standard sets: `specpack fetch
+--prompts SET` (humaneval, mt-bench, gsm8k, spec-bench), then --prompts SET."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
     check_prompt(prompt, chat=..., vocab_size=None)   a str, or 1-D integer ids as Python ints
     check_context(n_prompt, max_new_tokens, max_len)  the prompt's ids and the new tokens fit the pack (ContextTooLong)
-    PackLimits(k_max, vocab_size, max_len)            what a loaded pack allows
+    PackLimits(k_max, vocab_size, max_len, max_nodes) what a loaded pack allows
 
 A generate request is checked by specpack.runtime.request.GenerateRequest (its own values as it is made, the pack's
 limits in Pack.prepare), from these functions. A prompt is a `str` or a 1-D sequence of Python or numpy integers
@@ -33,6 +33,7 @@ class PackLimits:
     k_max: int
     vocab_size: int
     max_len: int
+    max_nodes: int = 0  # the most nodes of a tree verify (0: the pack has no tree verify graph)
 
 
 def check_prompt(prompt: object, *, chat: bool = False, vocab_size: int | None = None) -> str | list[int]:

@@ -199,15 +199,17 @@ def tiny_head_pack(tiny_head: Callable[..., tuple[Path, Path]], tiny_store: Buil
     """(family="qwen2", kv_cache="concat") -> (pack_dir, head_dir, target_dir): `spec-export --target T --draft-head
     HEAD` (k 4) in that KV form (static: the head reads the target's features cache; the cuda backend's form)."""
 
-    def make(family: str = "qwen2", kv_cache: str = "concat") -> tuple[Path, Path, Path]:
+    def make(family: str = "qwen2", kv_cache: str = "concat", **form: str) -> tuple[Path, Path, Path]:
+        """form: more ExportConfig fields (e.g. dtype="fp16", attention="gqa": the GPU's form)."""
         from specpack.export.pipeline import ExportConfig, export_pack
 
         head, target = tiny_head(family)
 
         def build(root: Path) -> None:
             export_pack(None, str(target), root / "pack", ExportConfig(isolate=False, k=4, draft_head=str(head),
-                                                                       kv_cache=kv_cache))
+                                                                       kv_cache=kv_cache, **form))  # type: ignore[arg-type]
 
-        return tiny_store.get(("head_pack", family, str(head), kv_cache), build) / "pack", head, target
+        key = ("head_pack", family, str(head), kv_cache, *sorted(form.items()))
+        return tiny_store.get(key, build) / "pack", head, target
 
     return make

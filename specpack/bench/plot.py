@@ -2,10 +2,12 @@
 
     +--------------------------------+--------------------------------+
     | speedup per category           | alpha per category             |
-    | (measured vs predicted, bars)  | (bars, tau written on top)     |
+    | (measured vs predicted, bars;  | (bars, tau written on top)     |
+    |  --repeat: min-max whiskers)   |                                |
     +--------------------------------+--------------------------------+
-    | acceptance by draft position   | k sweep: speedup vs k          |
-    | (a line per category, top k)   | (or tok/s per category, one k) |
+    | acceptance by draft position   | every configuration run: speedup per fixed k and  |
+    | (a line per category, top k)   | adaptive k, the overall line on top (whiskers: |
+    |                                | --repeat min-max); one configuration: tok/s bars |
     +--------------------------------+--------------------------------+
 """
 
@@ -38,20 +40,23 @@ def plot_report(report: dict[str, Any], out: Path) -> Path:
     groups = {"overall": report["overall"], **report["by_category"]}
     _speedup_bars(axes[0, 0], groups, report["best_k"])
     _alpha_bars(axes[0, 1], groups)
-    k_max = max(report["by_k"], key=int)  # the longest drafts show the most positions
-    deepest = report["by_k"][k_max]
-    _acceptance_lines(axes[1, 0], {"overall": deepest, **deepest["by_category"]}, int(k_max))
-    if len(report["by_k"]) > 1:
-        _k_sweep(axes[1, 1], report["by_k"])
+    configs = configurations(report)
+    deepest_k = max(configs, key=lambda k: len(configs[k]["per_position"]))  # the most draft positions
+    deepest = configs[deepest_k]
+    _acceptance_lines(axes[1, 0], {"overall": deepest, **deepest["by_category"]}, deepest_k)
+    if len(configs) > 1:
+        _configurations(axes[1, 1], configs)
     else:
         _throughput_bars(axes[1, 1], groups)
     m, o, cfg = report["machine"], report["overall"], report["config"]
     mode = "greedy" if cfg["temperature"] == 0 else f"temperature {cfg['temperature']}"
+    rounds = f", median of {cfg['repeat']} runs" if cfg.get("repeat", 1) > 1 else ""
+    costs = f"c = {o['c']:.2f}" + (f", v({o['k']}) = {o['v']:.2f}" if o["v"] is not None else "")
     fig.suptitle(f"specpack bench: {Path(report['pack']['path']).name}, {o['n_prompts']} prompts, {mode}, "
-                 f"<= {cfg['max_new_tokens']} new tokens, best k = {report['best_k']}: "
+                 f"<= {cfg['max_new_tokens']} new tokens{rounds}, best k = {report['best_k']}: "
                  f"{_x(o['speedup'])} measured, {_x(o['predicted_speedup'])} predicted\n"
                  f"{m['cpu']}, {m['usable_cores']} cores, threads {m['threads']}, onnxruntime {m['onnxruntime']}; "
-                 f"c = {o['c']:.2f}, v({o['k']}) = {o['v']:.2f}", fontsize=11)
+                 f"{costs}", fontsize=11)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
@@ -59,12 +64,21 @@ def plot_report(report: dict[str, Any], out: Path) -> Path:
     return out
 
 
-def _speedup_bars(ax: Any, groups: dict[str, dict[str, Any]], k: int) -> None:
+def configurations(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every configuration the run decoded, in order: each fixed k ("1", "2", ...), then adaptive k ("auto")."""
+    configs = {k: report["by_k"][k] for k in sorted(report["by_k"], key=int)}
+    if "auto" in report:
+        configs["auto"] = report["auto"]
+    return configs
+
+
+def _speedup_bars(ax: Any, groups: dict[str, dict[str, Any]], k: int | str) -> None:
     names = list(groups)
     xs = range(len(names))
     measured = [groups[n]["speedup"] or 0.0 for n in names]
     predicted = [groups[n]["predicted_speedup"] or 0.0 for n in names]
-    bars = ax.bar([x - 0.2 for x in xs], measured, 0.4, label="measured", color=MEASURED)
+    bars = ax.bar([x - 0.2 for x in xs], measured, 0.4, label="measured", color=MEASURED,
+                  yerr=_whiskers([groups[n] for n in names]), capsize=3)
     pred = ax.bar([x + 0.2 for x in xs], predicted, 0.4, label="predicted  tau / (k c + v(k))", color=PREDICTED)
     ax.bar_label(bars, labels=[f"{v:.2f}" for v in measured], fontsize=8)
     ax.bar_label(pred, labels=[f"{v:.2f}" for v in predicted], fontsize=7, color="dimgray")
@@ -87,13 +101,13 @@ def _alpha_bars(ax: Any, groups: dict[str, dict[str, Any]]) -> None:
     ax.set_title("acceptance rate per category (tau above each bar)")
 
 
-def _acceptance_lines(ax: Any, groups: dict[str, dict[str, Any]], k: int) -> None:
+def _acceptance_lines(ax: Any, groups: dict[str, dict[str, Any]], k: int | str) -> None:
     for name, s in groups.items():
         points = [(i + 1, a) for i, a in enumerate(s["per_position"]) if a is not None]
         if points:
             xs, ys = zip(*points, strict=True)
             ax.plot(xs, ys, marker="o", label=name, linewidth=3 if name == "overall" else 1.2,
-                    color="black" if name == "overall" else None)
+                    color="black" if name == "overall" else None, zorder=5 if name == "overall" else 2)
     ax.set_xticks(range(1, 1 + max((len(s["per_position"]) for s in groups.values()), default=1)))
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / proposed at this position")
@@ -102,18 +116,41 @@ def _acceptance_lines(ax: Any, groups: dict[str, dict[str, Any]], k: int) -> Non
     ax.legend(fontsize=7, ncol=3, loc="upper right")
 
 
-def _k_sweep(ax: Any, by_k: dict[str, dict[str, Any]]) -> None:
-    ks = sorted(int(k) for k in by_k)
-    ax.plot(ks, [by_k[str(k)]["speedup"] for k in ks], marker="o", color=MEASURED, label="measured, all prompts")
-    ax.plot(ks, [by_k[str(k)]["predicted_speedup"] for k in ks], marker="s", color=PREDICTED, label="predicted")
-    for cat in by_k[str(ks[0])]["by_category"]:
-        ax.plot(ks, [by_k[str(k)]["by_category"][cat]["speedup"] for k in ks], linewidth=0.8, alpha=0.6, label=cat)
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-    ax.set_xticks(ks)
-    ax.set_xlabel("k (drafts per step)")
-    ax.set_ylabel("speedup (x)")
-    ax.set_title("k sweep")
+def _configurations(ax: Any, configs: dict[str, dict[str, Any]]) -> None:
+    """Speedup of every configuration run: categories thin, predicted (fixed k only) grey, overall thick on top."""
+    names = list(configs)
+    xs = list(range(len(names)))
+    first = configs[names[0]]
+    for cat in first["by_category"]:
+        ax.plot(xs, [configs[n]["by_category"][cat]["speedup"] for n in names], linewidth=0.8, alpha=0.6,
+                marker=".", label=cat, zorder=2)
+    fixed = [(x, configs[n]["predicted_speedup"]) for x, n in zip(xs, names, strict=True)
+             if configs[n]["predicted_speedup"] is not None]
+    if fixed:
+        ax.plot(*zip(*fixed, strict=True), marker="s", color=PREDICTED, linestyle="--", label="predicted", zorder=3)
+    overall = [configs[n]["speedup"] for n in names]
+    line = ax.errorbar(xs, overall, yerr=_whiskers(list(configs.values())), color="black", linewidth=2.5, marker="o",
+                       capsize=4, label="overall (measured)", zorder=5)
+    line[0].set_gid("overall")
+    for x, y in zip(xs, overall, strict=True):
+        if y is not None:
+            ax.annotate(f"{y:.2f}x", (x, y), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=8)
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle=":")
+    ax.set_xticks(xs)
+    ax.set_xticklabels([f"k = {n}" if n != "auto" else "adaptive k" for n in names])
+    ax.set_ylabel("speedup over the target alone (x)")
+    ax.set_title("every configuration run")
     ax.legend(fontsize=7, ncol=2)
+
+
+def _whiskers(summaries: list[dict[str, Any]]) -> list[list[float]] | None:
+    """--repeat: [below, above] the median speedup to the min and max over the rounds; None with one round."""
+    reps = [s.get("repeats") for s in summaries]
+    if not all(r and r["n"] > 1 and r["speedup"]["median"] is not None for r in reps):
+        return None
+    below = [r["speedup"]["median"] - r["speedup"]["min"] for r in reps if r]
+    above = [r["speedup"]["max"] - r["speedup"]["median"] for r in reps if r]
+    return [below, above]
 
 
 def _throughput_bars(ax: Any, groups: dict[str, dict[str, Any]]) -> None:

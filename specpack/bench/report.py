@@ -32,7 +32,11 @@ DEFINITIONS = {
     "tau": "tokens emitted per verify step (accepted + 1), pooled over prompts",
     "tokens_per_s": "decoded tokens (after the first) / decode seconds, pooled: sums over prompts, then the ratio",
     "speedup": "tokens_per_s / ar_tokens_per_s, same pack, backend, prompts and run",
-    "speedup_median": "median over prompts of the per-prompt speedup",
+    "speedup_median": "median over prompts of the per-prompt speedup (with --repeat: each prompt's median over rounds)",
+    "repeats": "--repeat N: every prompt decoded N times at each k (k = 0 too), in rounds; tokens_per_s, "
+               "ar_tokens_per_s and speedup are the median over the rounds of the pooled value of each round "
+               "(speedup: paired within a round), with min, max and the values; alpha, tau and identity are the "
+               "first round's (the same seed gives the same tokens)",
     "predicted_speedup": "tau / (k*c + v(k)), c and v(k) timed on the engines (costs); none for adaptive k",
     "efficiency": "speedup / predicted_speedup",
     "identical_fraction": "prompts whose greedy output equals the target-alone output, over all prompts",
@@ -41,7 +45,8 @@ DEFINITIONS = {
                    "policy asked, before the cap at the tokens still allowed",
 }
 CAPTION = ("tok/s: decoding after the first token; speedup: spec / AR tok/s; pred.: tau / (k c + v(k)); "
-           "eff.: speedup / pred.; ident.: greedy output equal to the target alone's")
+           "eff.: speedup / pred.; ident.: greedy output equal to the target alone's; with --repeat: the median "
+           "over the rounds (min-max)")
 
 
 def build_report(run: BenchRun, machine: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +73,7 @@ def build_report(run: BenchRun, machine: dict[str, Any]) -> dict[str, Any]:
         "peers": {name: PEER_SUMMARIES[name](run, raw, chosen) for name, raw in run.peers.items()},
         "config": {"ks": list(run.ks), "max_new_tokens": run.config.max_new_tokens,
                    "temperature": run.config.temperature, "seed": run.config.seed, "threads": run.config.threads,
-                   "timing_reps": run.config.timing_reps, "n_prompts": len(run.runs)},
+                   "timing_reps": run.config.timing_reps, "n_prompts": len(run.runs), "repeat": run.config.repeat},
         "pack": run.pack, "prompts": [_prompt_row(r) for r in run.runs], "skipped": run.skipped,
         "notes": run.notes, "definitions": DEFINITIONS,
     }
@@ -93,29 +98,49 @@ def best_k(by_k: dict[str, dict[str, Any]]) -> int:
 def summarize(runs: Sequence[PromptRun], k: int | str, costs: StepCosts, greedy: bool,
               gaps: dict[tuple[str, int], dict[str, Any]]) -> dict[str, Any]:
     """The numbers of one k of the sweep over `runs`: a fixed k, or K_AUTO (adaptive k, with its k histograms)."""
-    spec, ar = [r.spec[k] for r in runs], [r.ar for r in runs]
+    spec = [r.spec[k] for r in runs]  # the first decodes: alpha, tau, identity
     steps, proposed, accepted = (sum(d.stats[key] for d in spec) for key in ("steps", "proposed", "accepted"))
     tau = (accepted + steps) / steps if steps else None
-    tps, ar_tps = pooled_tokens_per_s(spec), pooled_tokens_per_s(ar)
-    speedup = tps / ar_tps if ar_tps else None
+    rounds = min(len(r.decodes(k)) for r in runs)  # --repeat
+    tps_r = [pooled_tokens_per_s([r.decodes(k)[i] for r in runs]) for i in range(rounds)]
+    ar_tps_r = [pooled_tokens_per_s([r.decodes(0)[i] for r in runs]) for i in range(rounds)]
+    speedup_r = [t / a for t, a in zip(tps_r, ar_tps_r, strict=True) if a]  # paired: the same round of both
+    speedup = statistics.median(speedup_r) if speedup_r else None
     fixed = isinstance(k, int)
     predicted = costs.predicted_speedup(tau, k) if tau is not None and isinstance(k, int) else None
     depth = k if isinstance(k, int) else max((len(d.stats["per_position"]) for d in spec), default=0)
-    ratios = [s.stats["tokens_per_s"] / a.stats["tokens_per_s"] for s, a in zip(spec, ar, strict=True)
-              if s.stats["tokens_per_s"] > 0 and a.stats["tokens_per_s"] > 0]
+    ratios = [r for run in runs if (r := _prompt_speedup(run, k)) is not None]
+    every_spec = [d for r in runs for d in r.decodes(k)]
+    every_ar = [d for r in runs for d in r.decodes(0)]
     return {
         "n_prompts": len(runs), "k": k,
         "alpha": accepted / proposed if proposed else None, "tau": tau, "per_position": per_position(spec, depth),
-        "tokens_per_s": tps, "ar_tokens_per_s": ar_tps, "speedup": speedup,
+        "tokens_per_s": statistics.median(tps_r), "ar_tokens_per_s": statistics.median(ar_tps_r), "speedup": speedup,
         "speedup_median": statistics.median(ratios) if ratios else None,
+        "repeats": {"n": rounds, "tokens_per_s": spread(tps_r), "ar_tokens_per_s": spread(ar_tps_r),
+                    "speedup": spread(speedup_r)},
         "predicted_speedup": predicted,
         "efficiency": speedup / predicted if speedup is not None and predicted else None,
         "c": costs.c, "v": costs.v(k) if isinstance(k, int) else None,
-        "ttft_s": _median(d.stats["ttft_s"] for d in spec), "ar_ttft_s": _median(d.stats["ttft_s"] for d in ar),
+        "ttft_s": _median(d.stats["ttft_s"] for d in every_spec), "ar_ttft_s": _median(d.stats["ttft_s"] for d in every_ar),
         "identical_fraction": sum(r.ar.tokens == r.spec[k].tokens for r in runs) / len(runs) if greedy else None,
         "divergences": divergences(runs, k, gaps) if greedy else [],
         **({} if fixed else {name: pooled_histogram(spec, name) for name in ("k_histogram", "k_asked_histogram")}),
     }
+
+
+def spread(values: Sequence[float]) -> dict[str, Any]:
+    """Median, min and max of one number over the --repeat rounds, and the values themselves (in round order)."""
+    return {"median": statistics.median(values) if values else None, "min": min(values, default=None),
+            "max": max(values, default=None), "values": list(values)}
+
+
+def _prompt_speedup(run: PromptRun, k: int | str) -> float | None:
+    """One prompt's speedup at k: the median over the rounds of spec / AR tokens/s, each pair from one round."""
+    pairs = zip(run.decodes(k), run.decodes(0), strict=True)
+    ratios = [s.stats["tokens_per_s"] / a.stats["tokens_per_s"] for s, a in pairs
+              if s.stats["tokens_per_s"] > 0 and a.stats["tokens_per_s"] > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def pooled_histogram(decodes: Sequence[Decode], name: str) -> list[int]:
@@ -221,9 +246,12 @@ def _prompt_row(r: PromptRun) -> dict[str, Any]:
         keys = ("new_tokens", "tokens_per_s", "ttft_s", "decode_s", "alpha", "tau", "steps", "per_position")
         return {key: d.stats[key] for key in keys if key in d.stats}
 
-    return {"id": r.prompt.id, "category": r.prompt.category, "chat": r.prompt.chat, "prompt_tokens": len(r.ids),
-            "ar": row(r.ar),
-            "spec": {str(k): {**row(d), "identical": d.tokens == r.ar.tokens} for k, d in r.spec.items()}}
+    out = {"id": r.prompt.id, "category": r.prompt.category, "chat": r.prompt.chat, "prompt_tokens": len(r.ids),
+           "ar": row(r.ar),
+           "spec": {str(k): {**row(d), "identical": d.tokens == r.ar.tokens} for k, d in r.spec.items()}}
+    if r.again:  # --repeat: every round's tokens/s, by k (0: the target alone)
+        out["repeat_tokens_per_s"] = {str(k): [d.stats["tokens_per_s"] for d in r.decodes(k)] for k in (0, *r.spec)}
+    return out
 
 
 def machine_info(threads: int | None) -> dict[str, Any]:
@@ -264,25 +292,24 @@ def print_report(report: dict[str, Any], console: Console) -> None:
     o, best, cfg = report["overall"], report["best_k"], report["config"]
     sweep_note = f" (best of {','.join(map(str, cfg['ks']))})" if len(cfg["ks"]) > 1 else ""
     mode = "greedy" if cfg["temperature"] == 0 else f"temperature {cfg['temperature']}"
+    rounds = f", each decoded {cfg['repeat']} times at each k" if cfg.get("repeat", 1) > 1 else ""
     console.print(f"\n[bold]specpack bench[/bold] {report['pack']['path']}: {o['n_prompts']} prompts, "
-                  f"k={best}{sweep_note}, {mode}, up to {cfg['max_new_tokens']} new tokens")
+                  f"k={best}{sweep_note}, {mode}, up to {cfg['max_new_tokens']} new tokens{rounds}")
     table = Table("category", "n", "alpha", "tau", "AR tok/s", "spec tok/s", "speedup", "pred.", "eff.", "ident.",
                   title=f"by category, k={best}", caption=CAPTION)
     for name, s in [*report["by_category"].items(), ("overall", o)]:
         table.add_row(name, str(s["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"),
-                      _f(s["ar_tokens_per_s"], ".1f"), _f(s["tokens_per_s"], ".1f"), _f(s["speedup"], ".2f", "x"),
-                      _f(s["predicted_speedup"], ".2f", "x"), _f(s["efficiency"], ".0%"),
+                      *_rates(s), _f(s["predicted_speedup"], ".2f", "x"), _f(s["efficiency"], ".0%"),
                       _f(s["identical_fraction"], ".0%"), style="bold" if name == "overall" else None)
-    console.print(table)
+    console.print(_fold(table))
     if len(report["by_k"]) > 1:
         sweep = Table("k", "alpha", "tau", "spec tok/s", "speedup", "pred.", "eff.", "v(k)", "ident.",
                       title="k sweep, all prompts", caption=CAPTION)
         for k, s in report["by_k"].items():
-            sweep.add_row(k, _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"), _f(s["tokens_per_s"], ".1f"),
-                          _f(s["speedup"], ".2f", "x"), _f(s["predicted_speedup"], ".2f", "x"),
+            sweep.add_row(k, _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"), *_rates(s)[1:], _f(s["predicted_speedup"], ".2f", "x"),
                           _f(s["efficiency"], ".0%"), _f(s["v"], ".2f"), _f(s["identical_fraction"], ".0%"),
                           style="bold" if int(k) == best else None)
-        console.print(sweep)
+        console.print(_fold(sweep))
     if "auto" in report:
         _print_auto(report["auto"], console)
     c = report["costs"]
@@ -325,11 +352,17 @@ def _print_auto(a: dict[str, Any], console: Console) -> None:
     table = Table("category", "n", "alpha", "tau", "AR tok/s", "spec tok/s", "speedup", "ident.", "steps by k",
                   title="adaptive k (auto)", caption="steps by k: verify steps at each k the policy chose (k:steps)")
     for name, s in [*a["by_category"].items(), ("overall", a)]:
-        table.add_row(name, str(s["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"),
-                      _f(s["ar_tokens_per_s"], ".1f"), _f(s["tokens_per_s"], ".1f"), _f(s["speedup"], ".2f", "x"),
+        table.add_row(name, str(s["n_prompts"]), _f(s["alpha"], ".3f"), _f(s["tau"], ".2f"), *_rates(s),
                       _f(s["identical_fraction"], ".0%"), k_histogram_text(s["k_histogram"]),
                       style="bold" if name == "overall" else None)
-    console.print(table)
+    console.print(_fold(table))
+
+
+def _fold(table: Any) -> Any:
+    """Cells too wide for the console go on over more lines, never end in an ellipsis (the --repeat ranges)."""
+    for column in table.columns:
+        column.overflow = "fold"
+    return table
 
 
 def k_histogram_text(histogram: Sequence[int]) -> str:
@@ -366,6 +399,18 @@ def _print_llamacpp(p: dict[str, Any], console: Console) -> None:
                   f"{_f(p['speculative_simple']['ours_spec_over_this'], '.2f', 'x')} speculative-simple, "
                   f"{_f(p['speculative']['ours_spec_over_this'], '.2f', 'x')} speculative; its peak RSS "
                   + ", ".join(f"{m} {p[m]['peak_rss_mb'] / 1024:.2f} GB" for m in ("ar", "speculative_simple", "speculative")))
+
+
+def _rates(s: dict[str, Any]) -> tuple[str, str, str]:
+    """AR tok/s, spec tok/s and speedup cells: the value, and with --repeat the median and the range over rounds."""
+    rep = s.get("repeats") or {"n": 1}
+    cells = []
+    for key, fmt, suffix in (("ar_tokens_per_s", ".1f", ""), ("tokens_per_s", ".1f", ""), ("speedup", ".2f", "x")):
+        cell = _f(s[key], fmt, suffix)
+        if rep["n"] > 1 and rep[key]["min"] is not None:
+            cell += f"\n({rep[key]['min']:{fmt}}-{rep[key]['max']:{fmt}})"
+        cells.append(cell)
+    return cells[0], cells[1], cells[2]
 
 
 def _f(value: float | None, fmt: str, suffix: str = "") -> str:

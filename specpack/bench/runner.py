@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from specpack.bench.timing import StepCosts, measure_step_costs
 from specpack.errors import SpecpackError
-from specpack.limits import K_AUTO, check_k
+from specpack.limits import K_AUTO, TREE_AUTO, TREE_OFF, TreeOption, check_k
 from specpack.prompts import BenchPrompt
 from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, GenerateRequest
 
@@ -45,17 +45,19 @@ class BenchConfig:
     timing_reps: int = 15               # repetitions of each timed call for c and v(k)
     peer: str | None = None             # "hf": transformers' generate and assisted generation
     drafter: str | None = None          # "model" | "ngram" (runtime/ngram_drafter.py); None: the pack's own
+    tree: TreeOption = TREE_AUTO        # every speculative run's tree ("auto" | "off" | N nodes: with k auto only)
+    repeat: int = 1                     # decodes of each prompt at each k (k = 0 too): median and spread reported
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
     def request(self, pack: Pack, ids: list[int], k: int | None, max_new_tokens: int | None = None) -> GenerateRequest:
-        """One decode of the run on `pack`: `ids` with k drafts per step (None: adaptive), the run's drafter,
-        temperature and seed."""
+        """One decode of the run on `pack`: `ids` with k drafts per step (None: adaptive), the run's drafter, tree
+        (k = 0, the target alone: none), temperature and seed."""
         n = self.max_new_tokens if max_new_tokens is None else max_new_tokens
         return GenerateRequest.of(ids, n, k=k, drafter=self.drafter, temperature=self.temperature, seed=self.seed,
-                                  limits=pack.limits)
+                                  tree=TREE_OFF if k == 0 else self.tree, limits=pack.limits)
 
 
 @dataclass(frozen=True)
@@ -70,8 +72,13 @@ class Decode:
 class PromptRun:
     prompt: BenchPrompt
     ids: list[int]                              # prompt token ids, as the pack encoded them
-    ar: Decode                                  # k = 0: the target alone
+    ar: Decode                                  # k = 0: the target alone (the first of --repeat decodes)
     spec: dict[int | str, Decode] = field(default_factory=dict)  # by k; adaptive k under K_AUTO ("auto")
+    again: list[dict[int | str, Decode]] = field(default_factory=list)  # --repeat 2..N, by k (0: the target alone)
+
+    def decodes(self, k: int | str) -> list[Decode]:
+        """Every decode at `k` (0: the target alone), the first one first: --repeat of them."""
+        return [self.ar if k == 0 else self.spec[k], *(rep[k] for rep in self.again)]
 
 
 @dataclass
@@ -102,7 +109,8 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
     with memory:
         with memory.phase("load"):
             pack = load(pack_path, device=config.device, threads=config.threads)
-        ks, auto = check_ks(config.ks, pack.manifest.k_max)
+        ks, auto = check_ks(config.ks, pack.manifest.k_max, isinstance(config.tree, int))
+        pack.check_tree(pack.drafter_named(config.drafter)[0], config.tree)
         timed = ks or (pack.manifest.k_max,)  # adaptive k alone: c and v(k_max)
         encoded, skipped = _encode_all(pack, prompts, config.max_new_tokens)
         _show(progress, task, description="warm-up, then timing c and v(k)")
@@ -111,20 +119,25 @@ def run_bench(pack_path: Path, prompts: Sequence[BenchPrompt], config: BenchConf
             costs = measure_step_costs(pack, timed, _timing_context(encoded, config, pack, timed), encoded[0][1],
                                        reps=config.timing_reps,
                                        with_draft=pack.drafter_named(config.drafter)[0] == "model")
-        _show(progress, task, total=len(encoded) * (1 + len(ks) + auto))
+        _show(progress, task, total=len(encoded) * (1 + len(ks) + auto) * config.repeat)
         runs = _decode_all(pack, encoded, sweep(ks, auto), config, memory, progress, task)
         info = _pack_info(pack, pack_path, config)
         pack.close()
         del pack
         gc.collect()
-    return BenchRun(config, ks, info, runs, costs, memory.report(), skipped, auto=auto)
+    return BenchRun(config, ks, info, runs, costs, memory.report(), skipped, notes=_repeat_notes(runs), auto=auto)
 
 
-def check_ks(ks: Sequence[int | None] | None, k_max: int) -> tuple[tuple[int, ...], bool]:
+def check_ks(ks: Sequence[int | None] | None, k_max: int, fixed_tree: bool = False) -> tuple[tuple[int, ...], bool]:
     """The k sweep: (the fixed ks sorted, each in 1..k_max; whether adaptive k, None in `ks`, is run). k = 0, the
-    target alone, is always run beside them. None (no --k): the pack's k_max and adaptive k."""
+    target alone, is always run beside them. None (no --k): the pack's k_max and adaptive k; with a fixed tree
+    (--tree N, which fixes every step's nodes) auto alone, and a fixed k is refused."""
+    if fixed_tree and any(k is not None for k in ks or ()):
+        raise SpecpackError("--tree N and a fixed --k both fix a step's drafts", expected=f"--k {K_AUTO} with --tree N",
+                            found=f"--k {','.join(K_AUTO if k is None else str(k) for k in ks or ())}",
+                            hint="sweep chains with --tree off --k 1,2,4, or trees with --tree auto --k 1,2,4")
     if ks is None:
-        return (k_max,), True
+        return ((), True) if fixed_tree else ((k_max,), True)
     if not ks:
         raise SpecpackError("invalid --k", expected="at least one k", found="nothing")
     return tuple(sorted({check_k(k, k_max, minimum=1, what="--k") for k in ks if k is not None})), None in ks
@@ -175,19 +188,34 @@ def _timing_context(encoded: list[tuple[BenchPrompt, list[int]]], config: BenchC
 
 def _decode_all(pack: Pack, encoded: list[tuple[BenchPrompt, list[int]]], ks: tuple[int | None, ...], config: BenchConfig,
                 memory: PhaseMemory, progress: Progress | None, task: TaskID | None) -> list[PromptRun]:
+    """Per prompt, --repeat rounds of (k = 0, each k): a slow moment of the machine falls on every k alike."""
     runs = []
     for prompt, ids in encoded:
-        for k in (0, *ks):
-            _show(progress, task, description=f"{prompt.id} k={K_AUTO if k is None else k}")
-            with memory.phase("autoregressive" if k == 0 else "speculative"):
-                out = pack.generate_request(config.request(pack, ids, k))
-            decode = Decode(out.tokens, out.stats)
-            if k == 0:
-                runs.append(PromptRun(prompt, ids, decode))
-            else:
-                runs[-1].spec[K_AUTO if k is None else k] = decode
-            _show(progress, task, advance=1)
+        rounds: list[dict[int | str, Decode]] = []
+        for r in range(config.repeat):
+            decodes: dict[int | str, Decode] = {}
+            for k in (0, *ks):
+                key = K_AUTO if k is None else k
+                again = f" (repeat {r + 1}/{config.repeat})" if config.repeat > 1 else ""
+                _show(progress, task, description=f"{prompt.id} k={key}{again}")
+                with memory.phase("autoregressive" if k == 0 else "speculative"):
+                    out = pack.generate_request(config.request(pack, ids, k))
+                decodes[key] = Decode(out.tokens, out.stats)
+                _show(progress, task, advance=1)
+            rounds.append(decodes)
+        first = rounds[0]
+        runs.append(PromptRun(prompt, ids, first[0], {k: d for k, d in first.items() if k != 0}, rounds[1:]))
     return runs
+
+
+def _repeat_notes(runs: Sequence[PromptRun]) -> list[str]:
+    """A repeat whose tokens differ from the first decode's (same seed): the backend is not deterministic here."""
+    differ = sorted({f"{r.prompt.id} k={k}" for r in runs for rep in r.again for k, d in rep.items()
+                     if d.tokens != r.decodes(k)[0].tokens})
+    if not differ:
+        return []
+    return [f"--repeat: {len(differ)} decodes gave other tokens than their first run with the same seed "
+            f"({', '.join(differ[:5])}{', ...' if len(differ) > 5 else ''}); alpha, tau and identity are the first run's"]
 
 
 def _show(progress: Progress | None, task: TaskID | None, **fields: Any) -> None:
@@ -203,7 +231,8 @@ def _pack_info(pack: Pack, path: Path, config: BenchConfig) -> dict[str, Any]:
             "draft_quantization": quantization_brief(draft.quantization) if draft else None,
             "target_quantization": quantization_brief(m.target.quantization),
             "draft_source": dict(draft.source) if draft else {}, "target_source": dict(m.target.source),
-            "threads": config.threads, "drafter": pack.drafter_named(config.drafter)[0]}
+            "threads": config.threads, "drafter": pack.drafter_named(config.drafter)[0], "tree": config.tree,
+            "max_tree_nodes": pack.max_nodes}
 
 
 def quantization_brief(record: Quantization | None) -> dict[str, Any] | None:

@@ -12,10 +12,10 @@ import click
 from specpack.bounded_read import read_bounded
 from specpack.cli.errors import user_errors
 from specpack.cli.loading import load_pack_visibly
-from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
+from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options, tree_option
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
-from specpack.limits import PROMPT_FILE_BYTES, parse_k
+from specpack.limits import PROMPT_FILE_BYTES, parse_k, parse_tree
 from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, GenerateRequest
 
 
@@ -51,6 +51,7 @@ def _print_piece(text: str) -> None:
 @click.option("--prompt-file", type=click.Path(path_type=Path), default=None, help="Read the prompt from a file.")
 @click.option("--max-new-tokens", type=int, default=MAX_NEW_TOKENS, show_default=True)
 @k_option
+@tree_option
 @drafter_option
 @ngram_options
 @click.option("--chat", is_flag=True, help="Wrap the prompt as one user message in the model's chat template.")
@@ -66,12 +67,13 @@ def _print_piece(text: str) -> None:
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
 def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, max_new_tokens: int, k_text: str,
-                     drafter: str | None, ngram_min: int, ngram_max: int, ngram_width: int, chat: bool,
+                     tree_text: str, drafter: str | None, ngram_min: int, ngram_max: int, ngram_width: int, chat: bool,
                      temperature: float, top_k: int, top_p: float, seed: int | None, device: str, threads: int | None,
                      as_json: bool, manifest_sha256: str | None) -> None:
     """Generate a completion with speculative decoding."""
     request = GenerateRequest.of(read_prompt(prompt, prompt_file), max_new_tokens, k=parse_k(k_text), drafter=drafter,
-                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat)
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, chat=chat,
+                                 tree=parse_tree(tree_text))
     # the request is checked before the pack loads; the pack's limits then
     ngram = ngram_config(ngram_min, ngram_max, ngram_width)
     loaded, load_s = load_pack_visibly(pack, quiet=as_json, device=device, threads=threads,
@@ -88,7 +90,9 @@ def summary_line(s: dict[str, Any]) -> str:
     """What was accepted, with which drafter and k, how fast: one line for stderr."""
     per_pos = " ".join("-" if a is None else f"{a:.2f}" for a in s["per_position"])
     ks = " ".join(f"{k}:{n}" for k, n in enumerate(s["k_histogram"]) if n)
-    k = f"k=auto (up to {s['k']}; steps by k {ks})" if s["k_policy"] == "auto" else f"k={s['k']}"
+    what = "nodes" if s.get("tree") else "k"
+    k = f"{what}=auto (up to {s['k']}; steps by {what} {ks})" if s["k_policy"] == "auto" else f"{what}={s['k']}"
+    k = f"token trees, {k}" if s.get("tree") else k
     return (f"[specpack] {s['new_tokens']} tokens, {s['drafter']} drafter, {k}: alpha {s['alpha']:.3f}, "
             f"tau {s['tau']:.2f} ({s['accepted']}/{s['proposed']} drafts accepted in {s['steps']} steps; by position: "
             f"{per_pos}); {s['tokens_per_s']:.1f} tok/s decoding, first token {s['ttft_s'] * 1000:.0f} ms")

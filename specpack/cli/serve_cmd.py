@@ -8,10 +8,10 @@ from pathlib import Path
 import click
 
 from specpack.cli.errors import user_errors
-from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options
+from specpack.cli.options import drafter_option, k_option, ngram_config, ngram_options, tree_option
 from specpack.cli.pack_cmds import PIN_HELP
 from specpack.errors import SpecpackError
-from specpack.limits import parse_k
+from specpack.limits import parse_k, parse_tree
 from specpack.runtime.backend import BACKENDS
 from specpack.serve.config import ServeConfig
 
@@ -25,6 +25,7 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--device", type=click.Choice(sorted(BACKENDS)), default=D["device"], show_default=True,
               help="Backend, from the runtime's registry (docs/architecture.md, Backends).")
 @k_option
+@tree_option
 @drafter_option
 @ngram_options
 @click.option("--max-queue", type=int, default=D["max_queue"], show_default=True,
@@ -45,12 +46,14 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
               help="Open connections served at once; more are answered 503 and closed.")
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
-def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, drafter: str | None, ngram_min: int,
-                  ngram_max: int, ngram_width: int, max_queue: int, max_batch: int, timeout_s: float, shutdown_grace_s: float,
+def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tree_text: str, drafter: str | None,
+                  ngram_min: int, ngram_max: int, ngram_width: int, max_queue: int, max_batch: int, timeout_s: float,
+                  shutdown_grace_s: float,
                   model_name: str | None, max_body_bytes: int, read_timeout_s: float, max_connections: int,
                   manifest_sha256: str | None) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
-    config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), drafter=drafter,
+    config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), tree=parse_tree(tree_text),
+                         drafter=drafter,
                          ngram=ngram_config(ngram_min, ngram_max, ngram_width), max_queue=max_queue,
                          max_batch=max_batch, timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
                          max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s, max_connections=max_connections,

@@ -103,7 +103,7 @@ class _StaticStepForward:
     def wrap(head: Any) -> Any:
         import torch
 
-        from specpack.export.static_attention import standard_attention
+        from specpack.export.static_attention import shape_value, standard_attention
 
         c = head.config
 
@@ -117,7 +117,7 @@ class _StaticStepForward:
                         past_value: torch.Tensor) -> tuple[torch.Tensor, ...]:
                 ids = torch.cat([input_ids, draft_ids], dim=1)  # [1, S]
                 seq = ids.shape[1]
-                start = attention_mask.sum(dim=-1) - seq  # [1] L: device data (no shape scalar mixed in)
+                start = attention_mask.sum(dim=-1) - shape_value(seq, ids.device)  # [1] L (no host scalar mixed in)
                 rows = features[0, 0].index_select(0, start + torch.arange(input_ids.shape[1]))  # [C, F]
                 a = torch.cat([self.head.fc(rows[None]), hidden_in], dim=1)  # [1, S, H]
                 positions = start + torch.arange(seq)  # [S] a Range over the shape, then the data added

@@ -323,7 +323,7 @@ def tree_allowed(anc: torch.Tensor, seq: int, end: torch.Tensor, max_len: int) -
     device data directly makes ONNX Runtime's CUDA EP copy it from the host mid-graph, and refuse the CUDA graph.
     """
     nodes = anc.shape[0]
-    count = _shape_value(nodes, anc.device)  # [1] T, on the device
+    count = shape_value(nodes, anc.device)  # [1] T, on the device
     first = end - count  # [1]
     node = torch.arange(max_len, device=anc.device) - first  # [M]
     node = torch.where((node >= 0) & (node < count), node, torch.zeros_like(node) + count)
@@ -332,7 +332,7 @@ def tree_allowed(anc: torch.Tensor, seq: int, end: torch.Tensor, max_len: int) -
     return torch.cat([chain, tree], dim=0).index_select(1, node)
 
 
-def _shape_value(value: int, device: torch.device) -> torch.Tensor:
+def shape_value(value: int, device: torch.device) -> torch.Tensor:
     """[1] int64 holding a shape value, made by a Range over shapes (computed on the device: no host copy)."""
     return torch.arange(value, value + 1, device=device)
 

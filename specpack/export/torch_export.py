@@ -266,7 +266,7 @@ def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = 
                           output_hidden_states=bool(taps))
             features = []
             if feature_cache is not None:  # the run's rows written at [L, L + S) of the cache, in place
-                start = attention_mask.sum(dim=-1) - input_ids.shape[1]  # [1] L
+                start = attention_mask.sum(dim=-1) - sa.shape_value(input_ids.shape[1], input_ids.device)  # [1] L
                 features = [torch.ops.specpack.kv_write(feature_cache, _features(out, taps)[0][:, None], start)]
             return (out.logits, *features, *state.ordered_presents())  # [1, S, V], [1, 1, M, F], [1, H, M, D]
 

@@ -50,7 +50,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from specpack.runtime.state import DecodeState
+from specpack.runtime.state import DecodeState, TreeStep
 
 
 @dataclass(frozen=True)
@@ -101,6 +101,14 @@ class AcceptanceModel:
             survive *= h
             total += survive
             out[i + 1] = total
+
+
+class Acceptance(Protocol):
+    def observe(self, k: int, n_accepted: int) -> None: ...
+
+    def expected_accepted(self, out: list[float]) -> None:
+        """out[k] = E[accepted | k] for k in 0..k_max."""
+        ...
 
 
 class Costs(Protocol):
@@ -232,11 +240,13 @@ def _interpolate(known: list[tuple[int, float]], k: int, slope: float) -> float:
 class AdaptiveK:
     """The KPolicy of `k="auto"`: the k of the highest expected tokens per unit time, within 0..k_max."""
 
-    def __init__(self, k_max: int, config: AdaptiveConfig | None = None, costs: Costs | None = None) -> None:
-        """`costs`: the pack's cost model for this drafter (kept across requests), or None: a fresh one."""
+    def __init__(self, k_max: int, config: AdaptiveConfig | None = None, costs: Costs | None = None,
+                 acceptance: Acceptance | None = None) -> None:
+        """`costs`: the pack's cost model for this drafter (kept across requests), or None: a fresh one. `acceptance`:
+        E[accepted | k] from what was verified (None: AcceptanceModel, a chain's; tree_policy.py: a tree's)."""
         self.config = config or AdaptiveConfig()
         self._k_max = k_max
-        self.acceptance = AcceptanceModel(k_max, self.config)
+        self.acceptance: Acceptance = acceptance or AcceptanceModel(k_max, self.config)
         self.costs: Costs = costs if costs is not None else MeasuredCosts(k_max, self.config.window,
                                                                           self.config.verify_slope)
         self.costs.start()
@@ -278,9 +288,14 @@ class AdaptiveK:
             return self._neighbor(best)
         return best
 
-    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
-        self._verified += k > 0
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float, *,
+                tree: TreeStep | None = None) -> None:
+        """A chain's k and n (a tree, `tree`, counts as the chain it accepted: TreePolicy reads the tree)."""
         self.acceptance.observe(k, n_accepted)
+        self._observe_costs(k, elapsed_s, draft_s)
+
+    def _observe_costs(self, k: int, elapsed_s: float, draft_s: float) -> None:
+        self._verified += k > 0
         self.costs.observe(k, elapsed_s, draft_s, per_draft=not self._after_idle)
         self._after_idle = k == 0
 

@@ -22,7 +22,7 @@ from specpack.errors import SpecpackError
 from specpack.runtime.backend import TargetModel
 from specpack.runtime.drafter import Drafter
 from specpack.runtime.k_policy import KPolicy
-from specpack.runtime.state import NO_DRAFTS, DecodeState, Proposal, VerifyResult
+from specpack.runtime.state import NO_DRAFTS, DecodeState, Proposal, TreeStep, VerifyResult
 
 OnTokens = Callable[[list[int]], None]
 Clock = Callable[[], float]  # seconds
@@ -84,7 +84,8 @@ class Decoding:
         state = self.state
         self.begin()
         state.uniforms.draw(0)
-        self._emit(state.commit(*self.target.verify(state, NO_DRAFTS)))
+        result = self.target.verify(state, NO_DRAFTS)
+        self._emit(state.commit(result.n_accepted, result.next_token))
         if self.policy.k_max > 0 and not state.finished:
             self.drafter.begin(state)  # the draft's prefill belongs to the first token's time too
         self.t_first = self.clock()
@@ -118,12 +119,13 @@ class Decoding:
     def commit(self, proposal: Proposal, result: VerifyResult, verify_s: float) -> None:
         """5. Commit the accepted drafts (already in place) and the next token; the drafter drops the rest."""
         state, t = self.state, self.clock()
-        new = state.commit(*result)
+        new = state.commit(result.n_accepted, result.next_token)
         if self._k > 0:
             self.drafter.commit(state)
         rest_s = verify_s + self.clock() - t  # the verify and the commit
         state.stats.record_step(proposal.k, result.n_accepted, asked=self._k, draft_s=self._draft_s, verify_s=rest_s)
-        self.policy.observe(proposal.k, result.n_accepted, self._draft_s + rest_s, self._draft_s)
+        tree = None if proposal.parents is None or result.path is None else TreeStep(proposal.parents, result.path)
+        self.policy.observe(proposal.k, result.n_accepted, self._draft_s + rest_s, self._draft_s, tree=tree)
         self._emit(new)
 
     def finish(self, *, cancelled: bool) -> str:

@@ -5,10 +5,10 @@ The drafts continue the latest earlier occurrence of the last n tokens of the co
 token committed since), n tried from n_max down to n_min, up to k tokens and at most up to the present (the
 copied tokens are all committed ones). Code edits, summaries and retrieval-augmented answers repeat their
 input, which is where this pays; elsewhere it proposes little or nothing, and a step with no proposal is a
-plain target step. With `width` > 1 the continuations of several earlier occurrences are merged into a token tree
-(ngram_trie.py), verified in one target pass where the backend verifies trees (docs/trees.md). The proposal is
-deterministic (q None): the verify treats it as q one-hot on each token,
-so the acceptance test stays exact under sampling.
+plain target step. Where a tree policy sets the step's shape (`state.tree`: tree_policy.py), the continuations
+of up to `width` earlier occurrences are merged into a token tree (ngram_trie.py), verified in one target pass
+(docs/trees.md). The proposal is deterministic (q None): the verify treats it as q one-hot on each token, so the
+acceptance test stays exact under sampling.
 
 Per cache slot an NgramIndex (ngram_index.py) takes the committed tokens as they arrive: O(n_max) per token,
 a few dict lookups per proposal, never a rescan of the context.
@@ -37,7 +37,8 @@ N_LIMIT = 32  # the longest n-gram an index is built for
 class NgramConfig:
     n_min: int = 2   # the shortest suffix looked up (1: any repeated token is a match)
     n_max: int = 4   # the longest suffix looked up, tried first
-    width: int = 1   # earlier occurrences merged into a token tree (ngram_trie.py); 1: the latest one, a chain
+    width: int = 4   # the most earlier occurrences merged into a token tree (ngram_trie.py), where the pack verifies
+                     # trees and the request's `tree` is not "off"; the tree policy picks the width up to it
 
     def __post_init__(self) -> None:
         for what, n in (("n_min", self.n_min), ("n_max", self.n_max), ("width", self.width)):
@@ -65,8 +66,10 @@ class NgramDrafter:
     def propose(self, state: DecodeState, k: int) -> Proposal:
         index, ids, start = self._indexes[state.slot], state.ids, state.length
         index.extend(ids, start)  # tokens committed since (steps with k = 0 call no commit)
-        if self.config.width > 1:  # a trie of several occurrences' continuations, k nodes at most
-            tokens, parents = continuation_trie(ids, index.matches(self.config.width), start, k, state.eos_ids)
+        shape = state.tree
+        if shape is not None:  # a tree policy's step: a trie of several occurrences' continuations, k nodes at most
+            width = min(shape.width, self.config.width)
+            tokens, parents = continuation_trie(ids, index.matches(width), start, k, state.eos_ids, shape.depth)
             ids[start : start + len(tokens)] = tokens
             return Proposal(tokens=ids[start : start + len(tokens)], q=None, parents=np.asarray(parents, np.int64))
         end, _ = index.match()

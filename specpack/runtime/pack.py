@@ -5,6 +5,8 @@
 Drafters: "model" (the pack's draft model; packs exported with one), "head" (the pack's draft head: packs exported
 with --draft-head) and "ngram" (prompt lookup: every pack).
 k: None is "auto" (AdaptiveK, the default), an int N is N drafts every step (FixedK; 0: the target alone).
+tree: "auto" (the default) sizes token trees per step (TreePolicy) where the pack has a tree verify graph and the drafter
+drafts trees (the n-gram drafter); "off" drafts chains; N is N nodes every step (FixedTree). docs/trees.md.
 
 Thread safety (docs/architecture.md, "Threads"): one lock per Pack around each generation.
 """
@@ -22,7 +24,7 @@ from typing import Any
 from specpack.contract.integrity import verify_pack
 from specpack.contract.manifest import Manifest
 from specpack.errors import SpecpackError
-from specpack.limits import DRAFTERS
+from specpack.limits import DRAFTERS, TREE_AUTO, TREE_OFF, TreeOption, check_tree
 from specpack.names import TOKENIZER_DIR
 from specpack.runtime.adaptive_k import AdaptiveK, Costs, PriorCosts
 from specpack.runtime.backend import Backend, BackendOptions, open_backend
@@ -37,6 +39,7 @@ from specpack.runtime.state import DecodeState
 from specpack.runtime.stats import DecodeStats, Stats
 from specpack.runtime.stop_strings import TextOut
 from specpack.runtime.tokenizer import CONFIG_FILE, TOKENIZER_FILE, PackTokenizer
+from specpack.runtime.tree_policy import FixedTree, TreePolicy
 from specpack.sampling import SamplingParams, Uniforms
 from specpack.validation import PackLimits, brief, check_context, check_load_args, check_prompt
 
@@ -115,12 +118,6 @@ class Pack:
                  drafter: Drafter | None = None, ngram: NgramConfig | None = None, slots: int = 1) -> None:
         """`drafter` replaces the pack's default drafter (the manifest's: "model" or "ngram")."""
         self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
-        if ngram is not None and ngram.width > 1 and manifest.target.graph.tree is None:
-            raise SpecpackError("token trees need a pack whose verify graph takes trees",
-                                expected="a pack exported with --max-tree-nodes (docs/trees.md)",
-                                found=f"n-gram width {ngram.width}, a pack without a tree verify graph",
-                                hint="use --ngram-width 1 (chains), or re-export with --kv-cache static "
-                                     "--max-tree-nodes 16")
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(ngram)}
         if manifest.drafter == "model":
             self.drafters["model"] = ModelDrafter(backend.draft)
@@ -131,7 +128,10 @@ class Pack:
             self.drafters[self.default_drafter] = drafter
         self.drafter = self.drafters[self.default_drafter]
         self.eos_ids = frozenset(manifest.eos_token_ids)
-        self._costs: dict[str, Costs] = {}  # drafter -> the step costs adaptive k measured on this machine
+        tree = manifest.target.graph.tree
+        self.max_nodes = 0 if tree is None else tree.max_nodes  # the most nodes a tree verify takes (0: no trees)
+        # (drafter, the policy's most drafts or nodes) -> the step costs adaptive k or the tree policy measured here
+        self._costs: dict[tuple[str, int], Costs] = {}
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock
         self.closed = False  # set by close(): the backend's sessions are gone
@@ -184,31 +184,65 @@ class Pack:
                                     "--draft-head HEAD (a head)")
         return name, self.drafters[name]
 
-    def policy(self, k: int | None, drafter: str, params: SamplingParams, seed: int | None) -> KPolicy:
-        """The k policy of one request: k drafts every step (0: the target alone), or None: adaptive.
+    def policy(self, k: int | None, drafter: str, params: SamplingParams, seed: int | None,
+               tree: TreeOption = TREE_AUTO) -> KPolicy:
+        """The k policy of one request: k drafts every step (0: the target alone), or None: adaptive; with token trees
+        (`trees_for`), k nodes every step or the tree policy, and tree N: N nodes every step.
 
-        Adaptive k follows the step times measured on this machine, except for sampling with a seed, where
-        the same seed must give the same tokens: there it follows acceptance alone, with fixed relative costs.
+        Adaptive k and the tree policy follow the step times measured on this machine, except for sampling with a seed,
+        where the same seed must give the same tokens: there they follow acceptance alone, with fixed relative costs.
         """
+        width = self.drafters["ngram"].config.width if isinstance(self.drafters["ngram"], NgramDrafter) else 1
+        if self.trees_for(drafter, tree):
+            if isinstance(tree, int) or k is not None:
+                nodes = tree if isinstance(tree, int) else k
+                return FixedTree(nodes, width) if nodes else FixedK(0)
+            return self._adaptive(drafter, params, seed,
+                                  lambda costs: TreePolicy(self.max_nodes, width, costs=costs), self.max_nodes)
         if k is not None:
             return FixedK(k)
+        return self._adaptive(drafter, params, seed, lambda costs: AdaptiveK(self.manifest.k_max, costs=costs),
+                              self.manifest.k_max)
+
+    def _adaptive(self, drafter: str, params: SamplingParams, seed: int | None,
+                  make: Callable[[Costs | None], AdaptiveK], size: int) -> AdaptiveK:
         if not params.greedy and seed is not None:
-            return AdaptiveK(self.manifest.k_max, costs=PriorCosts(PRIOR_DRAFT_COST[drafter]))
-        policy = AdaptiveK(self.manifest.k_max, costs=self._costs.get(drafter))
-        self._costs[drafter] = policy.costs  # the step costs measured so far carry over to the next request
+            return make(PriorCosts(PRIOR_DRAFT_COST[drafter]))
+        policy = make(self._costs.get((drafter, size)))
+        self._costs[(drafter, size)] = policy.costs  # the step costs measured so far carry over to the next request
         return policy
+
+    def check_tree(self, drafter: str, tree: TreeOption) -> None:
+        """A request's tree against this pack and the drafter that runs: a fixed tree needs a tree verify graph of at
+        least that many nodes and a drafter that drafts trees ("auto" and "off" suit every pack and drafter)."""
+        check_tree(tree, self.max_nodes)
+        if isinstance(tree, int) and not self.trees_for(drafter, tree):
+            raise SpecpackError(f"the {drafter} drafter drafts chains, not trees",
+                                expected="tree 'auto' or 'off' with this drafter, or drafter 'ngram' (its tries) "
+                                         "for a fixed tree", found=f"tree {tree}, drafter {drafter!r}",
+                                hint="use --drafter ngram --tree N, or --k N for chains")
+
+    def trees_for(self, drafter: str, tree: TreeOption) -> bool:
+        """Whether a request drafts token trees: the pack verifies trees, the drafter drafts them (the n-gram drafter's
+        tries; the model and the head draft chains), and its tree is not "off"."""
+        return self.max_nodes > 0 and drafter == "ngram" and tree != TREE_OFF
 
     @property
     def limits(self) -> PackLimits:
         m = self.manifest
-        return PackLimits(m.k_max, m.vocab_size, m.max_len)
+        return PackLimits(m.k_max, m.vocab_size, m.max_len, self.max_nodes)
 
     def generate(self, prompt: str | Sequence[int], max_new_tokens: int = MAX_NEW_TOKENS, *, k: int | None = None,
                  drafter: str | None = None, temperature: float = GREEDY.temperature, top_k: int = GREEDY.top_k,
                  top_p: float = GREEDY.top_p, seed: int | None = None, chat: bool = False, stop: Sequence[str] = (),
-                 on_text: Callable[[str], None] | None = None, cancel: threading.Event | None = None) -> Generation:
+                 tree: TreeOption = TREE_AUTO, on_text: Callable[[str], None] | None = None,
+                 cancel: threading.Event | None = None) -> Generation:
         """Speculative decoding: k drafts per step (None, the default: adaptive, "auto"; 0: the target alone)
         from `drafter` ("model" | "ngram"; None: the pack's own, the manifest's `drafter`).
+
+        `tree`: "auto" (the default) drafts token trees sized per step where the pack has a tree verify graph and the
+        drafter drafts trees (the n-gram drafter), chains elsewhere; "off": chains; N: N nodes every step (refused
+        where the pack takes fewer, or no trees, or the drafter drafts chains; with a fixed k too). docs/trees.md.
 
         Greedy by default; the output distribution is the target's for any sampling parameters, and the same
         seed gives the same tokens. `on_text` receives the text as it is decoded; an exception it raises
@@ -218,7 +252,8 @@ class Pack:
         SpecpackError. The typed path: `generate_request(GenerateRequest(...))`.
         """
         request = GenerateRequest.of(prompt, max_new_tokens, k=k, drafter=drafter, temperature=temperature,
-                                     top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, limits=self.limits)
+                                     top_k=top_k, top_p=top_p, seed=seed, chat=chat, stop=stop, tree=tree,
+                                     limits=self.limits)
         return self.generate_request(request, on_text=on_text, cancel=cancel)
 
     def generate_request(self, request: GenerateRequest, *, on_text: Callable[[str], None] | None = None,
@@ -232,6 +267,7 @@ class Pack:
         self._check_open()
         request.check_fits(self.limits)
         name = self.drafter_named(request.drafter)[0]
+        self.check_tree(name, request.tree)
         prompt = request.prompt
         ids = tuple(prompt) if not isinstance(prompt, str) else tuple(self._encode_text(prompt, request.chat))
         if not ids:
@@ -255,8 +291,9 @@ class Pack:
                                     hint="collect the text and generate after the call returns")
             return self.submit(prepared, on_text=on_text, cancel=cancel).result()
         self._check_open()
-        policy = self.policy(prepared.request.k, prepared.drafter, prepared.request.sampling, prepared.request.seed)
-        text = TextOut(self.tokenizer, prepared.request.stop, on_text)
+        request = prepared.request
+        policy = self.policy(request.k, prepared.drafter, request.sampling, request.seed, request.tree)
+        text = TextOut(self.tokenizer, request.stop, on_text)
 
         with self.exclusive() as backend:
             self._check_open()  # closed while this call waited for the lock
@@ -269,10 +306,13 @@ class Pack:
         """A prepared request's DecodeState on cache slot `slot`, its statistics sized by its k policy."""
         m, request = self.manifest, prepared.request
         params = request.sampling
+        width = max(m.k_max, policy.k_max)  # the most drafts or tree nodes one step verifies
+        trees = self.trees_for(prepared.drafter, request.tree)
         return DecodeState.start(list(prepared.ids), request.max_new_tokens, params,
-                                 Uniforms(params, m.k_max, seed=request.seed), eos_ids=self.eos_ids, max_len=m.max_len,
-                                 k_max=m.k_max, stats=DecodeStats(k=policy.k_max, drafter=prepared.drafter,
-                                                                  k_policy="fixed" if request.k is not None else "auto"),
+                                 Uniforms(params, width, seed=request.seed), eos_ids=self.eos_ids, max_len=m.max_len,
+                                 k_max=width, stats=DecodeStats(k=policy.k_max, drafter=prepared.drafter,
+                                                                k_policy="fixed" if isinstance(policy, (FixedK, FixedTree))
+                                                                else "auto", tree=trees),
                                  slot=slot)
 
     @staticmethod

@@ -62,7 +62,7 @@ class PackRows:
     def open(self, job: PackJob, slot: int) -> Row[PackJob]:
         pack, prepared = self.pack, job.prepared
         request = prepared.request
-        policy = pack.policy(request.k, prepared.drafter, request.sampling, request.seed)
+        policy = pack.policy(request.k, prepared.drafter, request.sampling, request.seed, request.tree)
         job.text = text = TextOut(pack.tokenizer, request.stop, job.handle.text)
         state = pack.new_state(prepared, policy, slot)
         drafter = pack.drafters[prepared.drafter]

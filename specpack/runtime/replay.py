@@ -5,7 +5,9 @@ verifies any proposal from it (the greedy acceptance test, graphs/oracle.py's gr
 drafted position is T's token as long as every draft before it was accepted: the target then read exactly T), and
 the loop's own steps (k capped at the tokens still allowed, the commit, the drafter's commit, the statistics) give
 what the runtime would measure with that drafter and k policy. A model drafter is replayed by `ArgmaxDrafter` from
-one teacher-forced pass of the draft over T (while its drafts are accepted it reads exactly T too).
+one teacher-forced pass of the draft over T (while its drafts are accepted it reads exactly T too). A token tree
+(Proposal.parents) is replayed by the greedy tree rule (docs/trees.md): from the root, the first child whose token is
+T's next token, as long as there is one; its path moves into place as Target's does.
 
 quantize/fidelity.py (greedy alpha and tau of a quantized draft) and bench/'s replays (adaptive_replay.py,
 ngram_replay.py) go through `replay_greedy`, so they cannot drift from the loop.
@@ -37,8 +39,25 @@ class ReplayTarget:
 
     def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
         start = state.length
+        if proposal.parents is not None and proposal.k:
+            return self._tree(state, proposal.tokens.tolist(), proposal.parents.tolist())
         best = self.sequence[start : start + proposal.k + 1]  # [k+1] argmax p at each row, while the drafts hold
         return VerifyResult(*greedy_verify(best, proposal.tokens))
+
+    def _tree(self, state: DecodeState, tokens: list[int], parents: list[int]) -> VerifyResult:
+        """The greedy tree rule along the known sequence: the accepted path (node indices) and the next token."""
+        start, node = state.length, -1
+        path: list[int] = []
+        while True:
+            want = int(self.sequence[start + len(path)])  # argmax p after the root path so far
+            child = next((i for i in range(node + 1, len(tokens)) if parents[i] == node and tokens[i] == want), None)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        accepted = np.asarray(path, np.int64)  # [n]
+        state.ids[start : start + len(path)] = [tokens[i] for i in path]
+        return VerifyResult(len(path), int(self.sequence[start + len(path)]), accepted)
 
     def rollback(self, state: DecodeState, length: int) -> None:
         pass

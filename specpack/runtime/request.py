@@ -1,7 +1,7 @@
 """One generate request: typed, frozen, its defaults written here once, checked once (docs/architecture.md, "Requests").
 
     GenerateRequest(prompt, max_new_tokens=MAX_NEW_TOKENS, k=None, drafter=None, sampling=SamplingParams(),
-                    seed=None, chat=False, stop=(), limits=None)
+                    seed=None, chat=False, stop=(), tree="auto", limits=None)
                     checked as it is made; `limits` (a loaded pack's PackLimits) bound k, max_new_tokens and the ids by
                     that pack, and the error says so ("0..8 (this pack's k_max)"); None: by any pack's
     GenerateRequest.of(prompt, max_new_tokens, k=..., temperature=..., top_k=..., top_p=..., ..., limits=None)
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import InitVar, dataclass, field
 
 from specpack.errors import SpecpackError
-from specpack.limits import DRAFTERS, K_MAX, check_k
+from specpack.limits import DRAFTERS, K_MAX, TREE_AUTO, TreeOption, check_k, check_tree
 from specpack.sampling import SamplingParams
 from specpack.validation import PackLimits, brief, check_ids, check_integer, check_number, check_prompt, is_bool
 
@@ -51,6 +51,8 @@ class GenerateRequest:
     seed: int | None = None              # the uniforms' seed (sampling only); None: a fresh random one
     chat: bool = False                   # wrap a text prompt as one user message in the model's chat template
     stop: tuple[str, ...] = field(default=())  # generation ends right before the first of these in the text
+    tree: TreeOption = TREE_AUTO         # "auto": token trees where the pack and drafter verify them, sized per step
+                                         # (tree_policy.py); "off": chains; N: N nodes every step (docs/trees.md)
     limits: InitVar[PackLimits | None] = None  # the pack's limits to check against (None: any pack's)
     checked_for: PackLimits | None = field(default=None, init=False, compare=False, repr=False)
 
@@ -70,8 +72,13 @@ class GenerateRequest:
             "k": None if self.k is None else check_k(self.k, K_MAX if limits is None else min(K_MAX, limits.k_max)),
             "seed": None if self.seed is None else check_integer(self.seed, "seed", 0, SEED_LIMIT - 1),
             "stop": _check_stop(self.stop),
+            "tree": check_tree(self.tree, None if limits is None else limits.max_nodes),
             "checked_for": limits,
         }
+        if isinstance(checked["tree"], int) and checked["k"] is not None:
+            raise SpecpackError("k and a fixed tree both fix a step's drafts", expected="one of them: k (a chain of k "
+                                "drafts) or tree N (a tree of N nodes)", found=f"k {checked['k']}, tree {checked['tree']}",
+                                hint="leave k at auto with a fixed tree")
         if self.drafter is not None and self.drafter not in DRAFTERS:
             raise DrafterError(f"unknown drafter {self.drafter!r}", expected=" | ".join(DRAFTERS),
                                found=repr(self.drafter))
@@ -82,15 +89,16 @@ class GenerateRequest:
     def of(cls, prompt: object, max_new_tokens: object = MAX_NEW_TOKENS, *, k: object = None,
            drafter: str | None = None, temperature: object = GREEDY.temperature, top_k: object = GREEDY.top_k,
            top_p: object = GREEDY.top_p, seed: object = None, chat: object = False,
-           stop: Sequence[str] = (), limits: PackLimits | None = None) -> GenerateRequest:
+           stop: Sequence[str] = (), tree: object = TREE_AUTO, limits: PackLimits | None = None) -> GenerateRequest:
         """A request from loose values: Python or numpy numbers, ids as a list, tuple or integer array."""
         sampling = SamplingParams(check_number(temperature, "temperature"),
                                   check_integer(top_k, "top_k", 0, TOP_K_MAX, "0 disables"), check_number(top_p, "top_p"))
-        return cls(prompt, max_new_tokens, k, drafter, sampling, seed, chat, tuple(stop), limits)  # type: ignore[arg-type]
+        return cls(prompt, max_new_tokens, k, drafter, sampling, seed, chat, tuple(stop),  # type: ignore[arg-type]
+                   tree, limits)  # type: ignore[arg-type]
 
     def check_fits(self, limits: PackLimits) -> None:
         """What a pack's limits add (Pack.prepare, for a request not made with them): prompt ids in [0, vocab_size),
-        max_new_tokens at most its max_len, k at most its k_max."""
+        max_new_tokens at most its max_len, k at most its k_max, a fixed tree at most its max tree nodes."""
         if self.checked_for == limits:
             return
         if not isinstance(self.prompt, str):
@@ -98,6 +106,7 @@ class GenerateRequest:
         check_integer(self.max_new_tokens, "max_new_tokens", 1, limits.max_len, "at most the pack's max_len")
         if self.k is not None:
             check_k(self.k, min(K_MAX, limits.k_max))
+        check_tree(self.tree, limits.max_nodes)
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,8 @@ class DecodeState:
     stats: DecodeStats
     k_max: int                      # the pack's: the most drafts one step may verify
     slot: int = 0                   # which of the backend's cache sets (and buffers) this request uses
+    tree: TreeShape | None = None   # the next step's tree shape, set by a tree policy (tree_policy.py); None: the
+                                    # drafter's own (a chain)
     out: list[int] = field(default_factory=list)  # tokens emitted, ending with the eos id when one ended generation
 
     @classmethod
@@ -75,6 +77,13 @@ class DecodeState:
         return new
 
 
+class TreeShape(NamedTuple):
+    """What a tree policy asks a tree drafter for, besides the node budget (the k it returns): docs/trees.md."""
+
+    width: int                      # the most children a node gets (the n-gram trie: earlier occurrences merged)
+    depth: int                      # the deepest node (tokens after the root)
+
+
 class Proposal(NamedTuple):
     """k draft tokens for one verify; `tokens` is a view of state.ids[length : length + k] (no copy).
 
@@ -102,3 +111,11 @@ NO_DRAFTS = Proposal(tokens=np.zeros(0, np.int64), q=None)  # k = 0: the prefill
 class VerifyResult(NamedTuple):
     n_accepted: int                 # leading drafts that passed the acceptance test (0..k)
     next_token: int                 # the correction at the first rejection, or the bonus token when all k passed
+    path: np.ndarray | None = None  # int64 [n_accepted]: a tree's accepted nodes, increasing (None: a chain, 0..n-1)
+
+
+class TreeStep(NamedTuple):
+    """A verified tree, as the k policy observes it: the proposal's parents and the nodes the verify accepted."""
+
+    parents: np.ndarray             # int64 [k]: node i's parent (-1: the root), topological
+    path: np.ndarray                # int64 [n]: the accepted nodes, increasing (each one's parent is the one before)

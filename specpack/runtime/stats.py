@@ -29,7 +29,9 @@ class Stats(dict[str, Any]):
 class DecodeStats:
     k: int                         # the most drafts a step may ask for (the k policy's k_max)
     drafter: str = "model"         # who proposed the drafts: "model" | "ngram"
-    k_policy: str = "fixed"        # "fixed" (the same k every step) | "auto" (adaptive_k.py)
+    k_policy: str = "fixed"        # "fixed" (the same k every step) | "auto" (adaptive_k.py, tree_policy.py)
+    tree: bool = False             # the drafts were token trees: k counts nodes, and position i of the per-position
+                                   # counts is depth i + 1 (the accepted path is a chain)
     steps: int = 0                 # verify steps after the prefill
     proposed: int = 0
     accepted: int = 0
@@ -83,6 +85,6 @@ class DecodeStats:
             "accepted": self.accepted, "per_position": per_position,
             "proposed_at": list(self.proposed_at), "accepted_at": list(self.accepted_at), "tokens_per_s": self.tokens_per_s,
             "k": self.k, "new_tokens": self.new_tokens, "ttft_s": self.ttft_s, "decode_s": self.decode_s,
-            "drafter": self.drafter, "k_policy": self.k_policy, "k_histogram": list(self.k_histogram),
+            "drafter": self.drafter, "k_policy": self.k_policy, "tree": self.tree, "k_histogram": list(self.k_histogram),
             "k_asked_histogram": list(self.k_asked_histogram), "draft_s": self.draft_s, "verify_s": self.verify_s,
         })

@@ -104,7 +104,7 @@ class Target(Generic[V]):
             state.ids[start : start + n] = state.ids[start + path]
             self.engine.cache(state.slot).keep_rows(start, path)
         self.rollback(state, start + n)
-        return VerifyResult(n, next_token)
+        return VerifyResult(n, next_token, path)
 
     def _single_greedy_step(self, state: DecodeState) -> VerifyResult:
         """A greedy step over one new token, run as two rows: the token and a pad draft after it.
@@ -119,7 +119,7 @@ class Target(Generic[V]):
         its verdict on the pad row's own logits is dropped, and so is its cache entry."""
         start = state.length
         state.ids[start] = state.ids[start - 1]  # the pad draft, where the next token is written anyway
-        n, next_token = self.engine.verify(VerifyRun(state, 1, None))
+        n, next_token, _ = self.engine.verify(VerifyRun(state, 1, None))
         self.rollback(state, start)  # the cache keeps the committed tokens: the new token is fed next step
         return VerifyResult(0, int(state.ids[start]) if n else next_token)
 

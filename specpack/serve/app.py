@@ -85,6 +85,7 @@ class Api:
         self.max_body_bytes, self.read_timeout_s = config.max_body_bytes, config.read_timeout_s
         self.k = config.k  # `specpack serve --k`, every request's (None: adaptive)
         self.drafter = config.drafter  # `specpack serve --drafter`; None: the pack's own
+        self.tree = config.tree  # `specpack serve --tree`, unless a request names its own
         self._tokenizing = asyncio.Lock()
 
     async def completions(self, request: Request) -> Response:
@@ -177,7 +178,8 @@ class Api:
                 ids, max_tokens, k=self.k, drafter=req.drafter if req.drafter is not None else self.drafter,
                 temperature=1.0 if req.temperature is None else req.temperature,
                 top_k=0 if req.top_k in (None, -1) else req.top_k, top_p=1.0 if req.top_p is None else req.top_p,
-                seed=req.seed, stop=req.stop_strings(), limits=self.pack.limits))
+                seed=req.seed, stop=req.stop_strings(), tree=self.tree if req.tree is None else req.tree,
+                limits=self.pack.limits))
         except DrafterError as err:
             raise from_specpack(err, param="drafter", code="invalid_value") from err
         except ContextTooLong as err:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from specpack.errors import SpecpackError
-from specpack.limits import DRAFTERS, check_k
+from specpack.limits import DRAFTERS, TREE_AUTO, TreeOption, check_k, check_tree
 from specpack.runtime.ngram_drafter import NgramConfig
 
 MAX_READ_TIMEOUT_S = 3600.0  # a longer one would let slow clients hold connections for hours
@@ -22,6 +22,7 @@ class ServeConfig:
     port: int = 8000
     device: str = "cpu"              # a registered backend (specpack.runtime.backend.BACKENDS)
     k: int | None = None             # drafts per step, 0..k_max; None: adaptive ("auto", as Pack.generate's k=None)
+    tree: TreeOption = TREE_AUTO     # "auto" | "off" | N nodes (as Pack.generate's tree); a request may pick
     drafter: str | None = None       # "model" | "ngram"; None: the pack's own (as Pack.generate); a request may pick
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the n-gram drafter's n range (--ngram-min/--ngram-max)
     max_queue: int = 32              # requests waiting for the decoder (besides those decoding); more get 429
@@ -37,6 +38,10 @@ class ServeConfig:
     def __post_init__(self) -> None:
         if self.k is not None:
             check_k(self.k, what="--k")  # against the pack's k_max once it is loaded (server.load_pack)
+        try:
+            object.__setattr__(self, "tree", check_tree(self.tree))  # against the pack's once it is loaded
+        except SpecpackError as err:
+            raise SpecpackError("invalid --tree", expected=err.expected, found=err.found, hint=err.hint) from None
         if self.drafter is not None and self.drafter not in DRAFTERS:  # whether the pack has it: server.load_pack
             raise SpecpackError("invalid --drafter", expected=" | ".join(DRAFTERS), found=repr(self.drafter))
         if not 1 <= self.max_batch <= MAX_BATCH:

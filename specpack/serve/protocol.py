@@ -4,8 +4,8 @@ Unknown fields are refused (as OpenAI does), and so are repeated keys. Fields of
 implement are accepted only at their neutral value (`n` 1, `logprobs` off, penalties 0, ...), of the same JSON
 type (`n: true` and `logprobs: 0.0` are refused): anything else is a 400 that names the field, never silently
 ignored. `stream_options` only with `stream: true` (as OpenAI). Extensions: `top_k` (0 or -1 disables, as vLLM)
-and `drafter` ("model" | "ngram": who drafts for this request; default: `specpack serve --drafter`, else the
-pack's own).
+`drafter` ("model" | "ngram": who drafts for this request; default: `specpack serve --drafter`, else the
+pack's own) and `tree` ("auto" | "off" | N nodes, as Pack.generate's; default: `specpack serve --tree`).
 
 These models check the JSON types only; the values (ranges of max_tokens, temperature, top_p, top_k, seed) are
 checked by specpack.validation, as for Pack.generate, so both refuse the same requests.
@@ -95,6 +95,7 @@ class SamplingRequest(_Request):
     top_p: float | None = None
     top_k: int | None = None                 # -1 or 0: off
     drafter: str | None = None               # extension: "model" | "ngram" (checked against the pack's drafters)
+    tree: str | int | None = None            # extension: "auto" | "off" | N nodes (checked against the pack's trees)
     seed: int | None = None
     stop: NonEmpty | Annotated[list[NonEmpty], Field(max_length=4)] | None = None
     stream: bool = False

@@ -40,8 +40,9 @@ log = logging.getLogger("specpack.serve")
 
 
 def load_pack(config: ServeConfig) -> Pack:
-    """specpack.load(PACK, device=..., ngram=..., manifest_sha256=...); --k checked against the pack's k_max and
-    --drafter against the pack's drafters (a pack of the target alone has no draft model), before anything listens."""
+    """specpack.load(PACK, device=..., ngram=..., manifest_sha256=...); --k checked against the pack's k_max, --drafter
+    against the pack's drafters (a pack of the target alone has no draft model) and --tree against the pack's tree
+    verify graph and the drafter, before anything listens."""
     import specpack
     from specpack.runtime.backend import BackendOptions
 
@@ -50,7 +51,7 @@ def load_pack(config: ServeConfig) -> Pack:
     try:
         if config.k is not None:
             check_k(config.k, pack.manifest.k_max, what="--k")
-        pack.drafter_named(config.drafter)
+        pack.check_tree(pack.drafter_named(config.drafter)[0], config.tree)
     except SpecpackError:
         pack.close()
         raise

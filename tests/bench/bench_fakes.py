@@ -46,7 +46,8 @@ def make_fake_pack(k_max: int = 4, max_len: int = 200, draft_noise: float = 1.5)
         drafter="model",
         draft=(draft := SimpleNamespace(dtype="fp32", source={"source": "draft", "resolved": None}, quantization=None)),
         draft_model=draft,
-        target=SimpleNamespace(dtype="fp32", source={"source": "target", "resolved": None}, quantization=None))
+        target=SimpleNamespace(dtype="fp32", source={"source": "target", "resolved": None}, quantization=None,
+                               graph=SimpleNamespace(tree=None)))
     backend = ReferenceBackend(bigram_logits(target_table), lambda: bigram_logits(draft_table), V, k_max)
     return Pack(Path("fake-pack"), manifest, CharTokenizer(), backend)  # type: ignore[arg-type]
 

@@ -141,8 +141,8 @@ def test_command_errors_are_clean(fake_pack: Pack, tmp_path: Path) -> None:
     assert result.exit_code == 2 and "1..4 (this pack's k_max)" in result.output
     result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--k", "2,often"])
     assert result.exit_code == 2 and "comma-separated integers and 'auto'" in result.output
-    result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--k", "auto", "--plot", "x.png"])
-    assert result.exit_code == 2 and "--plot needs a fixed k" in result.output
+    result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--repeat", "0"])
+    assert result.exit_code == 2 and "invalid --repeat" in result.output and "an integer >= 1" in result.output
 
 
 def test_divergences_ask_for_gaps_at_the_common_prefix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,3 +38,18 @@ def test_outputs_are_refused_before_the_run(prompts: Path, option: str, name: st
     result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--k", "1", option, target])
     assert result.exit_code == 2 and fragment in result.output and "Traceback" not in result.output, result.output
     assert (folder / "taken.json").read_text() == "{}"
+
+
+def test_a_fixed_tree_with_a_fixed_k_is_refused_before_the_run(prompts: Path) -> None:
+    result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--k", "1,auto", "--tree", "8"])
+    assert result.exit_code == 2 and "--tree N and a fixed --k both fix" in result.output, result.output
+    result = CliRunner().invoke(bench_command, ["pack", "--prompts", str(prompts), "--tree", "65"])
+    assert result.exit_code == 2 and "1..64" in result.output, result.output
+
+
+def test_help_documents_the_prompt_file_formats() -> None:
+    result = CliRunner().invoke(bench_command, ["--help"], terminal_width=80)
+    text = " ".join(result.output.split())
+    for fragment in ("{question_id, category, turns}", "{task_id, prompt}", "{question, answer}",
+                     "one prompt a line", "specpack fetch --prompts SET", "--repeat"):
+        assert fragment in text, fragment

@@ -2,7 +2,8 @@
 cpu backend: the tree verify graph, the accepted path moved into place (state.ids and the static cache's rows), the
 rest dropped (docs/trees.md).
 
-Greedy: the output is the target alone's with chains through the tree form (the model drafter), with n-gram tries,
+Greedy: the output is the target alone's with chains through the tree form (the model drafter), with n-gram tries
+(tree "auto", "off" and fixed budgets up to the pack's max tree nodes, above its k_max),
 and with trees whose first child is always wrong (the walk goes through a sibling, so the cache rows move every
 step); with the rows left unmoved the same run leaves the target's output (the test sees the compaction). Sampling:
 the chi-square test of test_sampling_distribution.py with trees of the target's top tokens (deterministic
@@ -11,6 +12,8 @@ candidates), against exact probabilities.
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -120,9 +123,62 @@ def test_backends_without_trees_refuse_a_tree_pack_at_load(tree_pack_dir: Path) 
         specpack.load(tree_pack_dir, device="reference")
 
 
-def test_a_tree_width_needs_a_tree_pack(tiny_pack: Callable[..., tuple[Path, Path, Path]]) -> None:
-    with pytest.raises(specpack.SpecpackError, match="token trees need a pack whose verify graph takes trees"):
-        specpack.load(tiny_pack("qwen2", "small")[0], ngram=NgramConfig(width=2))
+def test_a_fixed_tree_needs_a_tree_pack(tiny_pack: Callable[..., tuple[Path, Path, Path]]) -> None:
+    """A pack without a tree verify graph: tree "auto" drafts chains, a fixed tree is refused (any n-gram width)."""
+    with specpack.load(tiny_pack("qwen2", "small")[0], threads=1, ngram=NgramConfig(width=2)) as chains:
+        assert chains.generate(PROMPT, 6, drafter="ngram").stats["tree"] is False
+        with pytest.raises(specpack.SpecpackError, match="a fixed tree needs a pack whose verify graph takes trees"):
+            chains.generate(PROMPT, 6, drafter="ngram", tree=4)
+
+
+def test_greedy_tree_auto_off_and_n_equal_the_target_alone(pack: Pack) -> None:
+    """tree="auto" (the policy), "off" (chains) and fixed budgets below, at and above the pack's k_max (4) up to its
+    max tree nodes (16): the target alone's tokens; budgets above k_max verify more than k_max nodes in a step."""
+    repeated = pack.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n")[:30]
+    for prompt in (PROMPT, repeated):
+        want = pack.generate(prompt, 24, k=0).tokens
+        for tree in ("auto", "off", 2, 8, 16):
+            out = pack.generate(prompt, 24, drafter="ngram", tree=tree)
+            assert out.tokens == want, (prompt, tree)
+            assert out.stats["tree"] is (tree != "off")
+        assert pack.generate(prompt, 24, drafter="model", tree="auto").tokens == want  # the model drafts chains
+    big = pack.generate(repeated, 24, drafter="ngram", tree=16).stats
+    assert big["k"] == 16 and sum(big["k_histogram"][5:]) > 0  # a verify of more than k_max nodes
+
+
+def test_seeded_sampling_with_the_tree_policy_repeats(pack: Pack) -> None:
+    """Sampling with a seed: the tree policy follows PriorCosts, not the clock, so the same seed gives the same tokens."""
+    repeated = pack.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n")[:30]
+    runs = [pack.generate(repeated, 24, drafter="ngram", temperature=0.8, seed=7) for _ in range(2)]
+    assert runs[0].tokens == runs[1].tokens and runs[0].stats["tree"] is True
+    assert runs[0].stats["k_histogram"] == runs[1].stats["k_histogram"]
+
+
+def test_trees_are_refused_clearly(pack: Pack) -> None:
+    with pytest.raises(specpack.SpecpackError, match=re.escape("1..16 (this pack's max tree nodes)")):
+        pack.generate(PROMPT, 6, drafter="ngram", tree=17)
+    with pytest.raises(specpack.SpecpackError, match="the model drafter drafts chains, not trees"):
+        pack.generate(PROMPT, 6, drafter="model", tree=4)
+    with pytest.raises(specpack.SpecpackError, match="k and a fixed tree both fix"):
+        pack.generate(PROMPT, 6, drafter="ngram", tree=4, k=2)
+
+
+def test_the_tree_flag(tree_pack_dir: Path) -> None:
+    from click.testing import CliRunner
+
+    from specpack.cli.main import cli
+
+    args = ["generate", str(tree_pack_dir), "--prompt", PROMPT, "--max-new-tokens", "8", "--drafter", "ngram",
+            "--threads", "1"]
+    result = CliRunner().invoke(cli, [*args, "--tree", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    stats = json.loads(result.stdout)["stats"]
+    assert stats["tree"] is True and stats["k"] == 8 and stats["k_policy"] == "fixed"
+    result = CliRunner().invoke(cli, [*args, "--tree", "17"])
+    assert result.exit_code == 2 and "1..16 (this pack's max tree nodes)" in result.output, result.output
+    assert "Traceback" not in result.output
+    result = CliRunner().invoke(cli, ["generate", "no-such-pack", "--prompt", "x", "--tree", "wide"])
+    assert result.exit_code == 2 and "invalid --tree" in result.output and "no pack at" not in result.output
 
 
 def test_the_greedy_form_of_the_tree_verify_is_its_greedy_branch(tree_pack_dir: Path) -> None:

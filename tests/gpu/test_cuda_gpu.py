@@ -125,3 +125,36 @@ def test_ngram_sampling_on_the_gpu_has_the_targets_distribution(sampling_dirs: t
     print(f"cuda ngram {'misplaced one-hot' if broken else 'honest'}: proposed={samples.proposed} "
           f"alpha={samples.alpha:.3f} p={p:.4g}")
     assert (p < P_FAIL) if broken else (p > P_FAIL and samples.accepted >= SAMPLES // 100)
+
+
+@pytest.fixture(scope="module")
+def head_dirs(tiny_head_pack) -> tuple[Path, Path, Path]:
+    return tiny_head_pack("qwen2", kv_cache="static", dtype="fp16", attention="gqa")
+
+
+def test_the_head_on_the_gpu_drafts_the_targets_greedy_tokens(head_dirs: tuple[Path, Path, Path]) -> None:
+    """The draft head (fp16, static form) on the CUDA EP: the target alone's tokens at every k, the verify and the
+    head's runs captured as CUDA graphs (the features cache and the head's rows read in place: no host copy)."""
+    pack = specpack.load(head_dirs[0], device="cuda")
+    long_ids = np.random.default_rng(4).integers(0, pack.tokenizer.vocab_size - 8, 60).tolist()
+    for prompt in ["def add(a, b):", [5], long_ids]:
+        alone = pack.generate(prompt, 40, k=0).tokens
+        for k in (1, 4, None):
+            assert pack.generate(prompt, 40, k=k, drafter="head").tokens == alone, (prompt, k)
+    report = pack.backend.capture_report()  # type: ignore[attr-defined]
+    print(f"head fp16 gqa: {report}")
+    assert report["target"]["capture"] and report["draft"]["capture"], report
+    assert report["draft"]["captured_graphs"] >= 2, report
+
+
+@pytest.mark.parametrize("broken", [False, True], ids=["honest", "tempered-q"])
+def test_head_sampling_on_the_gpu_has_the_targets_distribution(head_dirs: tuple[Path, Path, Path],
+                                                               broken: bool) -> None:
+    """tests/runtime/test_cuda_head.py's chi-square on the CUDA EP: the head's q as it drew its drafts, and the same
+    q tempered (read back, squared, renormalized), which the same test must reject."""
+    from tests.e2e.test_sampling_distribution import P_FAIL
+    from tests.runtime.test_cuda_head import device_head_pvalue
+
+    pack = specpack.load(head_dirs[0], device="cuda")
+    p = device_head_pvalue(pack, head_dirs, broken)
+    assert (p < P_FAIL) if broken else (p > P_FAIL)

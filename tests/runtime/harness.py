@@ -80,7 +80,7 @@ class ScriptedK:
         self.asked.append(k)
         return k
 
-    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float) -> None:
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float, *, tree: object = None) -> None:
         assert elapsed_s >= draft_s >= 0.0
         self.observed.append((k, n_accepted))
 

@@ -34,10 +34,25 @@ def test_defaults_and_loose_values_are_made_plain() -> None:
 @pytest.mark.parametrize(("kwargs", "says"), [
     ({"k": 17}, "0..16 (the largest k_max"), ({"drafter": "eagle"}, "unknown drafter 'eagle'"),
     ({"stop": ("",)}, "invalid stop string"), ({"stop": "x"}, "invalid stop"), ({"sampling": 0.5}, "invalid sampling"),
+    ({"tree": 65}, "a node budget in 1..64 (the largest a pack takes)"), ({"tree": 0}, "invalid tree"),
+    ({"tree": "wide"}, "invalid tree"), ({"tree": True}, "invalid tree"), ({"tree": 2.0}, "invalid tree"),
+    ({"tree": 8, "k": 2}, "k and a fixed tree both fix a step's drafts"),
 ])
 def test_refused_as_it_is_made(kwargs: dict[str, object], says: str) -> None:
     with pytest.raises(SpecpackError, match=re.escape(says)):
         GenerateRequest("hi", 4, **kwargs)  # type: ignore[arg-type]
+
+
+def test_tree_values() -> None:
+    assert GenerateRequest("hi").tree == "auto"
+    assert GenerateRequest.of("hi", tree=np.int64(8)).tree == 8 and GenerateRequest("hi", tree="off").tree == "off"
+    assert GenerateRequest("hi", k=2, tree="off").k == 2  # a fixed k with auto or off: chains of k, or tries of k nodes
+    limits = PackLimits(4, 100, 64, max_nodes=16)
+    with pytest.raises(SpecpackError, match=re.escape("1..16 (this pack's max tree nodes)")):
+        GenerateRequest("hi", 4, tree=17, limits=limits)
+    with pytest.raises(SpecpackError, match="a fixed tree needs a pack whose verify graph takes trees"):
+        GenerateRequest("hi", 4, tree=4).check_fits(PackLimits(4, 100, 64))
+    assert GenerateRequest("hi", 4, tree="auto", limits=PackLimits(4, 100, 64)).tree == "auto"  # chains there
 
 
 def test_a_packs_limits_are_checked_once(pack: Pack) -> None:

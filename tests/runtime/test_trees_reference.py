@@ -20,6 +20,7 @@ from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.ngram_index import NgramIndex
 from specpack.runtime.ngram_trie import continuation_trie
 from specpack.runtime.state import DecodeState, Proposal
+from specpack.runtime.tree_policy import FixedTree
 from specpack.sampling import SamplingParams
 from tests.distribution import chi_square_pvalue, exact_continuations, transformed_next_probs
 from tests.mutations import tree_mutation
@@ -84,8 +85,8 @@ def test_greedy_ngram_tries_equal_the_target_alone(width: int) -> None:
     t = table(V, 2, sharp=1.0)
     prompt = [int(x) for x in np.random.default_rng(5).integers(0, V, 40)]
     want = greedy_reference(t, prompt, 40, frozenset())
-    state, _ = run(bigram_backend(t, t), prompt, 40, 6, drafter=NgramDrafter(NgramConfig(1, 3, width=width)),
-                   max_len=128)
+    state, _ = run(bigram_backend(t, t), prompt, 40, FixedTree(6, width),
+                   drafter=NgramDrafter(NgramConfig(1, 3, width=width)), max_len=128)
     assert state.out == want and state.stats.proposed > 0
 
 

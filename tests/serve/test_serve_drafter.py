@@ -104,3 +104,22 @@ def test_drafter_and_ngram_options_reach_the_config(monkeypatch: pytest.MonkeyPa
     serve_help, generate_help = (CliRunner().invoke(cli, [c, "--help"]).output for c in ("serve", "generate"))
     for option in ("--drafter", "--ngram-min", "--ngram-max"):
         assert option in serve_help and option in generate_help
+
+
+def test_request_tree_extension(client: openai.OpenAI, live: Live) -> None:
+    """`tree` as an extension field ("auto" | "off" | N), checked as Pack.generate checks it: this pack has no tree
+    verify graph, so "auto" and "off" draft chains and a fixed tree is a 400; `serve --tree 4` exits 2 at startup."""
+    for tree in ("auto", "off"):
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0,
+                                        extra_body={"drafter": "ngram", "tree": tree})
+        assert out.choices[0].text == live.reference.generate(PROMPT, N, drafter="ngram").text
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, extra_body={"tree": "wide"})
+    assert info.value.param == "tree" and "invalid tree" in info.value.message
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, extra_body={"drafter": "ngram", "tree": 4})
+    assert "a fixed tree needs a pack whose verify graph takes trees" in info.value.message
+    result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--tree", "4", "--drafter", "ngram", "--port", "0"])
+    assert result.exit_code == 2 and "a fixed tree needs a pack" in result.output, result.output
+    result = CliRunner().invoke(cli, ["serve", str(live.pack_dir), "--tree", "wide", "--port", "0"])
+    assert result.exit_code == 2 and "invalid --tree" in result.output, result.output
