@@ -14,7 +14,7 @@ run then fits a bounded time on a CPU while every request still goes the whole w
 
     python bench/serve_load.py PACK --prompts HumanEval.jsonl.gz 8 --prompts mt_bench_question.jsonl 1 \
         [--requests 300] [--clients 16] [--cancel 30] [--max-tokens 24] [--cancel-max-tokens 64] \
-        [--cancel-after 2] [--max-prompt-chars 160] [--json bench/results/serve_load_cpu.json]
+        [--cancel-after 2] [--max-prompt-chars 160] [--max-batch 1] [--json bench/results/serve_load_cpu.json]
 """
 
 from __future__ import annotations
@@ -164,9 +164,10 @@ def client_loop(base_url: str, model: str, work: queue.Queue[Planned], run: Run,
                 run.outcomes.append(out)
 
 
-def start_server(pack: Path, port: int, log: Path, max_queue: int) -> subprocess.Popen[bytes]:
+def start_server(pack: Path, port: int, log: Path, max_queue: int, max_batch: int = 1) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-c", "from specpack.cli.main import cli; cli()", "serve", str(pack), "--host", "127.0.0.1",
-           "--port", str(port), "--max-queue", str(max_queue), "--timeout", "1200", "--model-name", "pair"]
+           "--port", str(port), "--max-queue", str(max_queue), "--max-batch", str(max_batch), "--timeout", "1200",
+           "--model-name", "pair"]
     with log.open("wb") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
 
@@ -253,6 +254,7 @@ def main() -> None:
     parser.add_argument("--cancel", type=int, default=30, help="streaming requests closed mid-way by their client")
     parser.add_argument("--sampled-every", type=int, default=5, help="every Nth request samples (temperature 0.7)")
     parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--max-batch", type=int, default=1, help="the server's --max-batch (docs/batching.md)")
     parser.add_argument("--cancel-max-tokens", type=int, default=64, help="max_tokens of the cancelled streams")
     parser.add_argument("--cancel-after", type=int, default=2, help="text chunks a cancelled stream reads first")
     parser.add_argument("--max-prompt-chars", type=int, default=None, help="cut each prompt to this many characters")
@@ -272,7 +274,7 @@ def main() -> None:
     root_url = f"http://127.0.0.1:{port}"
     base_url = f"{root_url}/v1"
     log = Path(tempfile.gettempdir()) / "specpack-serve-load.log"
-    proc = start_server(args.pack, port, log, max_queue=args.clients * 2)
+    proc = start_server(args.pack, port, log, max_queue=args.clients * 2, max_batch=args.max_batch)
     try:
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=10) as probe:
             wait_ready(probe, proc, timeout=600)
@@ -308,7 +310,7 @@ def main() -> None:
         "pack": str(args.pack), "prompts": {Path(path).name: int(limit) for path, limit in args.prompts}, "settings": {
             "requests": args.requests, "clients": args.clients, "cancel": args.cancel, **asdict(budget),
             "max_prompt_chars": args.max_prompt_chars, "sampled_every": args.sampled_every,
-            "time_limit_s": args.time_limit},
+            "time_limit_s": args.time_limit, "max_batch": args.max_batch},
         "summary": summary, "rss_idle_bytes": rss_idle, "server_log": str(log), "server_metrics": metrics,
         "server_exit_code": exit_code,
         "requests": [{k: v for k, v in asdict(o).items() if k != "text"} for o in

@@ -30,6 +30,9 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @ngram_options
 @click.option("--max-queue", type=int, default=D["max_queue"], show_default=True,
               help="Requests that may wait for the decoder; more are answered 429.")
+@click.option("--max-batch", type=click.IntRange(1), default=D["max_batch"], show_default=True,
+              help="Requests decoded at once, each on a KV cache of its own (continuous batching: docs/batching.md); "
+                   "1 decodes them one at a time.")
 @click.option("--timeout", "timeout_s", type=float, default=D["timeout_s"], show_default=True,
               help="Seconds a request may take, queue wait included; then it is cancelled (504).")
 @click.option("--shutdown-grace", "shutdown_grace_s", type=float, default=D["shutdown_grace_s"],
@@ -43,15 +46,16 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
               help="Open connections served at once; more are answered 503 and closed.")
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
 @user_errors
-def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tree_text: str, drafter: str | None, ngram_min: int,
-                  ngram_max: int, ngram_width: int, max_queue: int, timeout_s: float, shutdown_grace_s: float,
+def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tree_text: str, drafter: str | None,
+                  ngram_min: int, ngram_max: int, ngram_width: int, max_queue: int, max_batch: int, timeout_s: float,
+                  shutdown_grace_s: float,
                   model_name: str | None, max_body_bytes: int, read_timeout_s: float, max_connections: int,
                   manifest_sha256: str | None) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
     config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), tree=parse_tree(tree_text),
                          drafter=drafter,
                          ngram=ngram_config(ngram_min, ngram_max, ngram_width), max_queue=max_queue,
-                         timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
+                         max_batch=max_batch, timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
                          max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s, max_connections=max_connections,
                          manifest_sha256=manifest_sha256)
     try:

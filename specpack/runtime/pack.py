@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from specpack.contract.integrity import verify_pack
 from specpack.contract.manifest import Manifest
@@ -27,11 +28,13 @@ from specpack.limits import DRAFTERS, TREE_AUTO, TREE_OFF, TreeOption, check_tre
 from specpack.names import TOKENIZER_DIR
 from specpack.runtime.adaptive_k import AdaptiveK, Costs, PriorCosts
 from specpack.runtime.backend import Backend, BackendOptions, open_backend
+from specpack.runtime.batcher import Batcher, Handle
 from specpack.runtime.drafter import Drafter, HeadDrafter, ModelDrafter
 from specpack.runtime.k_policy import FixedK, KPolicy
 from specpack.runtime.loop import decode
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.request import GREEDY, MAX_NEW_TOKENS, DrafterError, GenerateRequest, PreparedRequest
+from specpack.runtime.scheduler import PREFILL_CHUNK
 from specpack.runtime.state import DecodeState
 from specpack.runtime.stats import DecodeStats, Stats
 from specpack.runtime.stop_strings import TextOut
@@ -85,7 +88,7 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | No
     tokenizer = _load_tokenizer(path, manifest, pinned)
     options = replace(options or BackendOptions(), threads=threads, verified_reads=pinned)
     backend = open_backend(device, path, manifest, options)
-    return Pack(path, manifest, tokenizer, backend, ngram=ngram)
+    return Pack(path, manifest, tokenizer, backend, ngram=ngram, slots=options.slots)
 
 
 def _load_tokenizer(path: Path, manifest: Manifest, pinned: bool) -> PackTokenizer:
@@ -112,7 +115,7 @@ class Pack:
     """
 
     def __init__(self, path: Path, manifest: Manifest, tokenizer: PackTokenizer, backend: Backend,
-                 drafter: Drafter | None = None, ngram: NgramConfig | None = None) -> None:
+                 drafter: Drafter | None = None, ngram: NgramConfig | None = None, slots: int = 1) -> None:
         """`drafter` replaces the pack's default drafter (the manifest's: "model" or "ngram")."""
         self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(ngram)}
@@ -132,6 +135,9 @@ class Pack:
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock
         self.closed = False  # set by close(): the backend's sessions are gone
+        self.slots = slots   # the backend's cache slots: the most requests a batch decodes at once
+        self._batcher: Batcher[Any] | None = None  # start_batching: the scheduler's thread
+        self._batching_lock = threading.Lock()
 
     @contextmanager
     def exclusive(self) -> Iterator[Backend]:
@@ -277,27 +283,79 @@ class Pack:
         if cancel is not None and not callable(getattr(cancel, "is_set", None)):
             raise SpecpackError("invalid cancel", expected="a threading.Event (anything with an is_set() method), or None",
                                 found=brief(cancel), hint="pass cancel=threading.Event() and set() it to stop")
+        if (batcher := self._batcher) is not None:  # the scheduler owns the slots: the request joins its batch
+            if threading.current_thread() is batcher.thread:
+                raise SpecpackError("a generation on this pack was started from inside another one",
+                                    expected="on_text that does not call generate on the same pack",
+                                    found="a nested call on the batching thread",
+                                    hint="collect the text and generate after the call returns")
+            return self.submit(prepared, on_text=on_text, cancel=cancel).result()
         self._check_open()
-        m, request, ids = self.manifest, prepared.request, list(prepared.ids)
-        params, seed = request.sampling, request.seed
-        policy = self.policy(request.k, prepared.drafter, params, seed, request.tree)
-        width = max(m.k_max, policy.k_max)  # the most drafts or tree nodes one step verifies
-        trees = self.trees_for(prepared.drafter, request.tree)
+        request = prepared.request
+        policy = self.policy(request.k, prepared.drafter, request.sampling, request.seed, request.tree)
         text = TextOut(self.tokenizer, request.stop, on_text)
 
         with self.exclusive() as backend:
             self._check_open()  # closed while this call waited for the lock
-            state = DecodeState.start(ids, request.max_new_tokens, params, Uniforms(params, width, seed=seed),
-                                      eos_ids=self.eos_ids, max_len=m.max_len, k_max=width,
-                                      stats=DecodeStats(k=policy.k_max, drafter=prepared.drafter,
-                                                        k_policy="fixed" if isinstance(policy, (FixedK, FixedTree))
-                                                        else "auto", tree=trees))
+            state = self.new_state(prepared, policy)
             finish_reason = decode(state, backend.target(), self.drafters[prepared.drafter], policy,
                                    text.push if text.streaming else None, text.halt(cancel))
+        return self.generation(prepared, state, text, finish_reason)
+
+    def new_state(self, prepared: PreparedRequest, policy: KPolicy, slot: int = 0) -> DecodeState:
+        """A prepared request's DecodeState on cache slot `slot`, its statistics sized by its k policy."""
+        m, request = self.manifest, prepared.request
+        params = request.sampling
+        width = max(m.k_max, policy.k_max)  # the most drafts or tree nodes one step verifies
+        trees = self.trees_for(prepared.drafter, request.tree)
+        return DecodeState.start(list(prepared.ids), request.max_new_tokens, params,
+                                 Uniforms(params, width, seed=request.seed), eos_ids=self.eos_ids, max_len=m.max_len,
+                                 k_max=width, stats=DecodeStats(k=policy.k_max, drafter=prepared.drafter,
+                                                                k_policy="fixed" if isinstance(policy, (FixedK, FixedTree))
+                                                                else "auto", tree=trees),
+                                 slot=slot)
+
+    @staticmethod
+    def generation(prepared: PreparedRequest, state: DecodeState, text: TextOut, finish_reason: str) -> Generation:
+        """The Generation of a decoded request: its text flushed (stop strings cut), its statistics."""
         stats = state.stats.to_dict()
-        stats["prompt_tokens"] = len(ids)
+        stats["prompt_tokens"] = len(prepared.ids)
         finish_reason, out_text = text.finish(finish_reason, state.out)
         return Generation(tokens=state.out, text=out_text, stats=stats, finish_reason=finish_reason)
+
+    def start_batching(self, max_batch: int | None = None, *, max_waiting: int = 64,
+                       prefill_chunk: int = PREFILL_CHUNK, batched: Any = None, batched_draft: Any = None,
+                       batch_policy: Any = None) -> Batcher[Any]:
+        """Decode requests together from now on (continuous batching: docs/batching.md): `submit`, and `generate` /
+        `run` too, join a running batch of up to `max_batch` requests (None: the backend's cache slots, which bound
+        it), with up to `max_waiting` more waiting (past that, submit raises QueueFull). Started once; again: the
+        same batcher if the arguments agree. `batched`: a batched target (runtime/batched_target.py, greedy requests
+        only) that verifies a step's rows in one run, in place of the backend's per-slot verifies; `batched_draft`: a
+        batched drafter (runtime/batched_draft.py) for the "model" drafter's requests, every row's drafts in one run;
+        `batch_policy`: the cap on each row's k (runtime/batch_k.py; None: BatchKCap with `batched`, else NoCap)."""
+        from specpack.runtime.pack_batching import start_batching
+
+        self._check_open()
+        with self._batching_lock:
+            if self._batcher is None:
+                self._batcher = start_batching(self, max_batch or self.slots, max_waiting, prefill_chunk, batched,
+                                               batched_draft, batch_policy)
+            return self._batcher
+
+    def submit(self, request: GenerateRequest | PreparedRequest, *, on_text: Callable[[str], None] | None = None,
+               cancel: threading.Event | None = None) -> Handle[Generation]:
+        """Queue a request into the running batch (started with the backend's slots if not yet): a Handle to iterate
+        its text, cancel it, or wait for its Generation. QueueFull when max_batch + max_waiting are in flight.
+        on_text runs on the batching thread; `cancel`, like handle.cancel(), stops the request before its next step."""
+        from specpack.runtime.pack_batching import PackJob
+
+        if on_text is not None and not callable(on_text):
+            raise SpecpackError("invalid on_text", expected="a function taking a str, or None", found=brief(on_text))
+        prepared = request if isinstance(request, PreparedRequest) else self.prepare(request)
+        batcher = self._batcher or self.start_batching()
+        handle: Handle[Generation] = Handle(on_text)
+        batcher.submit(PackJob(prepared, handle, cancel))
+        return handle
 
     def _check_open(self) -> None:
         if self.closed:
@@ -312,8 +370,13 @@ class Pack:
 
     def close(self) -> None:
         """Wait for a running generation, then free the backend's sessions and buffers; later generate calls raise a
-        SpecpackError. Closing again does nothing."""
+        SpecpackError. Closing again does nothing. Requests still in a batch (start_batching) end with a SpecpackError."""
+        with self._batching_lock:
+            batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            batcher.close()
         with self.exclusive() as backend:
             if not self.closed:
                 self.closed = True
                 backend.close()
+

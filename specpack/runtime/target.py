@@ -66,6 +66,22 @@ class Target(Generic[V]):
         finally:
             one_hot[0, rows, proposal.tokens] = 0.0  # back to all zeros, whatever happened
 
+    def prefill_chunk(self, state: DecodeState, end: int) -> None:
+        """A chunk of the prompt into the cache: the target over state.ids[cached:end], end < state.length, with no
+        drafts and nothing emitted (the scheduler's chunked prefill: docs/batching.md). The run is the prefill's own
+        (a k = 0 verify over the chunk's rows, its verdict dropped); the uniforms are not drawn, so the request's
+        random stream does not depend on its chunks."""
+        cached = self.engine.cache(state.slot).length
+        if not cached < end < state.length:
+            raise ValueError(f"a prefill chunk ends at {end}: expected {cached} < end < {state.length}")
+        length = state.length
+        state.length = end  # the engine runs state.ids[cached : state.length + k]
+        try:
+            self.engine.verify(VerifyRun(state, 0, None))
+        finally:
+            state.length = length
+        self.rollback(state, end)
+
     def _pads(self, state: DecodeState) -> bool:
         """A greedy step over one new token (not the prefill): run as two rows."""
         return (self.pad_single_steps and state.params.greedy

@@ -12,6 +12,7 @@ from specpack.runtime.ngram_drafter import NgramConfig
 
 MAX_READ_TIMEOUT_S = 3600.0  # a longer one would let slow clients hold connections for hours
 MAX_CONNECTIONS = 1 << 16
+MAX_BATCH = 256  # one KV cache per row is allocated at load
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,8 @@ class ServeConfig:
     tree: TreeOption = TREE_AUTO     # "auto" | "off" | N nodes (as Pack.generate's tree); a request may pick
     drafter: str | None = None       # "model" | "ngram"; None: the pack's own (as Pack.generate); a request may pick
     ngram: NgramConfig = field(default_factory=NgramConfig)  # the n-gram drafter's n range (--ngram-min/--ngram-max)
-    max_queue: int = 32              # requests waiting for the decoder (besides the one decoding); more get 429
+    max_queue: int = 32              # requests waiting for the decoder (besides those decoding); more get 429
+    max_batch: int = 1               # requests decoded at once (the runtime's scheduler: docs/batching.md); 1: alone
     timeout_s: float = 600.0         # a request still unanswered after this long is cancelled (504)
     shutdown_grace_s: float = 30.0   # on SIGTERM, in-flight requests get this long to finish, then are cancelled
     model_name: str | None = None    # the `model` clients send; None: the pack directory's name
@@ -42,6 +44,8 @@ class ServeConfig:
             raise SpecpackError("invalid --tree", expected=err.expected, found=err.found, hint=err.hint) from None
         if self.drafter is not None and self.drafter not in DRAFTERS:  # whether the pack has it: server.load_pack
             raise SpecpackError("invalid --drafter", expected=" | ".join(DRAFTERS), found=repr(self.drafter))
+        if not 1 <= self.max_batch <= MAX_BATCH:
+            raise SpecpackError("invalid --max-batch", expected=f"an integer in 1..{MAX_BATCH}", found=str(self.max_batch))
         if self.max_queue < 0:
             raise SpecpackError("invalid --max-queue", expected="an integer >= 0", found=str(self.max_queue))
         if not 0 < self.timeout_s < math.inf:

@@ -1,14 +1,18 @@
-"""One decode at a time per pack: a bounded FIFO of jobs, a dispatcher task and one worker thread (docs/serving.md).
+"""Up to --max-batch decodes at a time per pack: a bounded FIFO of jobs, a dispatcher task and a worker thread per
+decoding job (docs/serving.md).
 
-    handler ─ submit(prepared) ─> waiting (deque, <= max_queue; full: 429) ─> dispatcher ─> worker thread
-       ^                                                                   one at a time   pack.run(prepared,
+    handler ─ submit(prepared) ─> waiting (deque, <= max_queue; full: 429) ─> dispatcher ─> worker threads
+       ^                                                              <= max_batch at once  pack.run(prepared,
        └──── job.events (asyncio.Queue): Piece*, then Done | Aborted | Failed <─────       on_text=..., cancel=job.halt)
                                                                      call_soon_threadsafe
+
+With max_batch 1, pack.run decodes each job alone (one at a time); with more, the pack batches (its scheduler,
+runtime/scheduler.py, started by build_app): each worker's pack.run joins the running batch and waits for its end.
 
 Stopping a decode early: abort(job, reason) (client gone, timeout, shutdown) sets job.halt, which is the runtime's
 cancel event: the loop checks it before every step, so generation stops within one step and returns with its
 statistics. A stop string (the request's `stop`) is cut and ends generation in the pack the same way (Pack.run).
-The dispatcher waits for the worker to return before it takes the next job.
+The dispatcher starts a job only while fewer than max_batch workers run.
 """
 
 from __future__ import annotations
@@ -90,20 +94,21 @@ class Job:
 
 
 class Decoder:
-    """Owns the pack: jobs are decoded in arrival order, one at a time, in one worker thread."""
+    """Owns the pack: jobs start in arrival order, at most max_batch at once, each in a worker thread."""
 
-    def __init__(self, pack: Pack, metrics: ServerMetrics, *, max_queue: int, timeout_s: float) -> None:
+    def __init__(self, pack: Pack, metrics: ServerMetrics, *, max_queue: int, timeout_s: float,
+                 max_batch: int = 1) -> None:
         self.pack, self.metrics = pack, metrics
-        self.max_queue, self.timeout_s = max_queue, timeout_s
+        self.max_queue, self.timeout_s, self.max_batch = max_queue, timeout_s, max_batch
         self.draining = False
         self.stopping: asyncio.Event | None = None  # set when draining begins: request bodies still arriving get 503
         self._held = 0  # places held by requests being tokenized (place())
         self._waiting: deque[Job] = deque()
         self._wakeup: asyncio.Event | None = None
-        self._current: Job | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specpack-decode")
+        self._current: set[Job] = set()  # decoding
+        self._executor = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="specpack-decode")
         self._task: asyncio.Task[None] | None = None
-        self._running: asyncio.Future[None] | None = None
+        self._running: set[asyncio.Future[None]] = set()
         self._mean_s = 1.0  # recent decode time, for Retry-After
 
     # --- the event loop's side ---------------------------------------------------------------------------------
@@ -133,8 +138,9 @@ class Decoder:
         if self.draining or self._wakeup is None:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         pending = len(self._waiting) + self._held
-        if pending >= self.max_queue and (self._current is not None or pending):
-            retry = max(1, math.ceil(self._mean_s * (pending + 1)))
+        free_rows = max(0, self.max_batch - len(self._current))  # rows the batch can still take (max_batch 1: 1 or 0)
+        if pending >= self.max_queue + max(0, free_rows - 1) and (self._current or pending):
+            retry = max(1, math.ceil(self._mean_s * (pending + 1) / self.max_batch))
             raise APIError(429, f"the queue is full ({pending} requests waiting); retry in {retry} s",
                            type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})
 
@@ -168,8 +174,8 @@ class Decoder:
         self.abort(job, "shutdown" if self.draining else reason)
 
     def drain(self, grace_s: float | None = None) -> None:
-        """Shutting down: refuse new requests, abort the waiting ones; the decoding one may go on for grace_s
-        seconds (None: until it ends), then is aborted (its client gets a 503, in the stream if one started).
+        """Shutting down: refuse new requests, abort the waiting ones; the decoding ones may go on for grace_s
+        seconds (None: until they end), then are aborted (its client gets a 503, in the stream if one started).
         Only the first call counts: a signal and the server's shutdown both drain."""
         if self.draining:
             return
@@ -182,15 +188,15 @@ class Decoder:
             asyncio.get_running_loop().call_later(grace_s, self._abort_current)
 
     def _abort_current(self) -> None:
-        if self._current is not None:
-            self.abort(self._current, "shutdown")
+        for job in list(self._current):
+            self.abort(job, "shutdown")
 
     async def close(self) -> None:
         """Abort everything, wait for the worker, stop the dispatcher."""
         self.drain()
         self._abort_current()
-        if self._running is not None:
-            await asyncio.wait([self._running])
+        if self._running:
+            await asyncio.wait(self._running)
         if self._task is not None:
             self._task.cancel()
         self._executor.shutdown(wait=True)
@@ -199,18 +205,24 @@ class Decoder:
         assert self._wakeup is not None
         loop = asyncio.get_running_loop()
         while True:
-            while not self._waiting:
+            while not self._waiting or len(self._current) >= self.max_batch:
                 self._wakeup.clear()
                 await self._wakeup.wait()
-            job = self._current = self._waiting.popleft()
+            job = self._waiting.popleft()
+            self._current.add(job)
             self.metrics.queue_depth.set(len(self._waiting))
-            self.metrics.running.set(1)
-            self._running = loop.run_in_executor(self._executor, self._decode, job)
-            try:
-                await asyncio.wait([self._running])  # cancelling the dispatcher leaves the worker be: close() waits
-            finally:
-                self._current = None
-                self.metrics.running.set(0)
+            self.metrics.running.set(len(self._current))
+            running = loop.run_in_executor(self._executor, self._decode, job)
+            self._running.add(running)  # cancelling the dispatcher leaves the workers be: close() waits for them
+            running.add_done_callback(lambda done, job=job: self._ended(job, done))  # type: ignore[misc]
+
+    def _ended(self, job: Job, running: asyncio.Future[None]) -> None:
+        """A worker returned (on the event loop): its place frees up for the next job."""
+        self._running.discard(running)
+        self._current.discard(job)
+        self.metrics.running.set(len(self._current))
+        if self._wakeup is not None:
+            self._wakeup.set()
 
     # --- the worker thread's side ------------------------------------------------------------------------------
 

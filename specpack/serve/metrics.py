@@ -9,6 +9,7 @@
     specpack_inter_token_latency_seconds             gap between consecutive text pieces of a request
                                                      (the drafts accepted in one step arrive together)
     specpack_queue_depth, specpack_running_requests
+    specpack_batch_rows                              requests in each step of the batch (--max-batch > 1)
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0, 120.0, 300.0)
 ALPHA_BUCKETS = tuple(i / 10 for i in range(11))
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 TAU_BUCKETS = (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 8.0, 10.0, 17.0)
 
 
@@ -38,7 +40,9 @@ class ServerMetrics:
         self.itl = Histogram("specpack_inter_token_latency_seconds", "Gap between consecutive text pieces",
                              buckets=LATENCY_BUCKETS, registry=r)
         self.queue_depth = Gauge("specpack_queue_depth", "Requests waiting for the decoder", registry=r)
-        self.running = Gauge("specpack_running_requests", "Requests decoding now (at most 1)", registry=r)
+        self.running = Gauge("specpack_running_requests", "Requests decoding now (at most --max-batch)", registry=r)
+        self.batch_rows = Histogram("specpack_batch_rows", "Requests in each step of the batch (--max-batch > 1)",
+                                    buckets=BATCH_BUCKETS, registry=r)
 
     def observe_stats(self, stats: dict[str, float]) -> None:
         """A finished decode's statistics (the runtime's stats dict)."""

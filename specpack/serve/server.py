@@ -44,8 +44,10 @@ def load_pack(config: ServeConfig) -> Pack:
     against the pack's drafters (a pack of the target alone has no draft model) and --tree against the pack's tree
     verify graph and the drafter, before anything listens."""
     import specpack
+    from specpack.runtime.backend import BackendOptions
 
-    pack = specpack.load(config.pack, device=config.device, ngram=config.ngram, manifest_sha256=config.manifest_sha256)
+    pack = specpack.load(config.pack, device=config.device, ngram=config.ngram, manifest_sha256=config.manifest_sha256,
+                         options=BackendOptions(slots=config.max_batch))  # one KV cache per row of the batch
     try:
         if config.k is not None:
             check_k(config.k, pack.manifest.k_max, what="--k")

@@ -1,0 +1,86 @@
+"""How many drafts a row may verify at a batch size: speculation turned down as the batch grows (docs/batching.md).
+
+Each row's own k policy (k_policy.py, adaptive_k.py) picks its k as if it ran alone; the scheduler caps it at
+`cap(B)` for a batch of B decoding rows. Two policies:
+
+    NoCap      per-slot verifies (SerialVerifier): a row's step costs what it costs alone, so its own policy is
+               already right and nothing is capped
+    BatchKCap  one batched verify per step (a batched engine): the cap is the kappa in 0..k_max of the highest expected
+               tokens per second over the whole batch,
+
+                   rate(kappa) = B (1 + E[accepted | kappa]) / (kappa d_B + V(B (kappa + 1)))
+
+               E from acceptance pooled over the batch's rows (adaptive_k's AcceptanceModel), d_B the batch's draft
+               phase per draft, V(T) the batched verify over T rows in all; both running medians of the times the
+               scheduler measured, V interpolated between measured T like adaptive_k's V(k) (and at least the prior
+               slope outside them). kappa = 0 wins when a batch of single rows already keeps the device busy
+               (compute-bound: V grows with T, so verified drafts that are rejected cost as much as emitted tokens).
+               Until anything is measured the cap is k_max (each row's own policy).
+
+Seeded sampling rows are never capped (scheduler.py: their tokens must follow their seed alone).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from typing import Protocol
+
+from specpack.runtime.adaptive_k import AcceptanceModel, AdaptiveConfig, _interpolate
+
+UNCAPPED = 1 << 30
+
+
+class BatchPolicy(Protocol):
+    def cap(self, rows: int) -> int:
+        """The most drafts a row's step may verify while `rows` rows decode."""
+        ...
+
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+        """A step verified ks[i] drafts of row i, of which accepted[i] passed; its draft phase and verify took these."""
+        ...
+
+
+class NoCap:
+    def cap(self, rows: int) -> int:
+        return UNCAPPED
+
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+        pass
+
+
+class BatchKCap:
+    """The batch's cap from pooled acceptance and the batched step's measured costs (the module docstring)."""
+
+    def __init__(self, k_max: int, max_batch: int, config: AdaptiveConfig | None = None) -> None:
+        self.k_max, self.config = k_max, config or AdaptiveConfig()
+        self.acceptance = AcceptanceModel(k_max, self.config)
+        window = self.config.window
+        self.verify: list[deque[float]] = [deque(maxlen=window) for _ in range(max_batch * (k_max + 1) + 1)]  # by T
+        self.per_draft: deque[float] = deque(maxlen=window)  # d_B samples: the draft phase / the most drafts of a row
+        self._tokens = [0.0] * (k_max + 1)                   # [k_max+1] 1 + E[accepted | kappa]
+
+    def cap(self, rows: int) -> int:
+        known = [(t, statistics.median(s)) for t, s in enumerate(self.verify) if s]
+        if not known or rows < 1:
+            return UNCAPPED
+        self.acceptance.expected_accepted(self._tokens)
+        d = statistics.median(self.per_draft) if self.per_draft else 0.0
+        best, best_rate = 0, -1.0
+        for kappa in range(self.k_max + 1):
+            t = min(rows * (kappa + 1), len(self.verify) - 1)
+            time_s = kappa * d + _interpolate(known, t, self.config.verify_slope)
+            rate = rows * (1.0 + self._tokens[kappa]) / time_s if time_s > 0 else float("inf")
+            if rate > best_rate:
+                best, best_rate = kappa, rate
+        return best
+
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+        if not ks:
+            return
+        for k, n in zip(ks, accepted, strict=True):
+            self.acceptance.observe(k, n)
+        t = min(sum(k + 1 for k in ks), len(self.verify) - 1)
+        self.verify[t].append(verify_s)
+        if (most := max(ks)) > 0:
+            self.per_draft.append(draft_s / most)  # a batched drafter runs its longest row's steps

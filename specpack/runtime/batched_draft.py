@@ -1,0 +1,67 @@
+"""The draft model over a batched static-form graph with a greedy head (docs/batching.md): every row's j-th draft in
+one ONNX Runtime run, j = 0 .. max k_b - 1 (runtime/batched_target.py's engine, over the draft's graph).
+
+    step j   rows with k_b > j that drafted no eos yet: row b feeds ids[cached_b : start_b] at j = 0 (its catch-up: the
+             last committed token, or the last draft and the bonus token), then its draft j - 1; its draft j is the
+             argmax after its last fed token, written into state.ids[start_b + j]
+
+Greedy rows only (the head is argmax; q is None, which a greedy verify never reads). Its cache trails the committed
+tokens like ModelDrafter's: after a proposal it holds the fed tokens, and commit keeps at most length - 1.
+"""
+
+from __future__ import annotations
+
+from specpack.errors import SpecpackError
+from specpack.runtime.batched_target import BatchedGreedyTarget
+from specpack.runtime.state import DecodeState, Proposal
+
+
+class BatchedGreedyDrafter:
+    """A Drafter (one row: the loop) and the scheduler's RowDrafter (a step's rows together)."""
+
+    def __init__(self, engine: BatchedGreedyTarget) -> None:
+        self.engine = engine
+
+    def begin(self, state: DecodeState) -> None:
+        """The draft's prefill: the prompt (state.ids[: length - 1]) at batch 1."""
+        self._check(state)
+        self.engine.lengths[state.slot] = 0
+        self.engine.run({state.slot: state.ids[: state.length - 1]})
+        self.engine.lengths[state.slot] = state.length - 1
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        return self.propose_rows([(state, k)])[0]
+
+    def commit(self, state: DecodeState) -> None:
+        slot = state.slot
+        self.engine.lengths[slot] = min(self.engine.lengths[slot], state.length - 1)  # the next token is not cached
+
+    def propose_rows(self, rows: list[tuple[DecodeState, int]]) -> list[Proposal]:
+        """Up to k_b drafts for each row (fewer after a drafted eos), all rows' j-th drafts in one run."""
+        engine = self.engine
+        drafted = {state.slot: 0 for state, _ in rows}
+        for state, _ in rows:
+            self._check(state)
+        for j in range(max((k for _, k in rows), default=0)):
+            feeds = {}
+            for state, k in rows:
+                slot, start = state.slot, state.length
+                if drafted[slot] == j < k and (j == 0 or state.ids[start + j - 1] not in state.eos_ids):
+                    feeds[slot] = state.ids[engine.lengths[slot] : start + j]  # [S_b]: the catch-up, or draft j - 1
+            if not feeds:
+                break
+            best = engine.run(feeds)
+            for state, _ in rows:
+                slot = state.slot
+                if slot in feeds:
+                    state.ids[state.length + j] = best[slot][len(feeds[slot]) - 1]  # argmax after its last fed token
+                    engine.lengths[slot] = state.length + j
+                    drafted[slot] = j + 1
+        return [Proposal(tokens=state.ids[state.length : state.length + drafted[state.slot]], q=None)
+                for state, _ in rows]
+
+    @staticmethod
+    def _check(state: DecodeState) -> None:
+        if not state.params.greedy:
+            raise SpecpackError("the batched greedy drafter drafts for greedy requests only", expected="temperature 0",
+                                found=f"{state.params}", hint="docs/batching.md: the batched sampling heads remain")

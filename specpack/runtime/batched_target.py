@@ -1,0 +1,128 @@
+"""The target over a batched static-form graph (docs/batching.md): every row of a step in one ONNX Runtime run.
+
+    rows = slots: buffers [slots, kv_heads, M, head_dim] per cache tensor (row b = slot b's cache), bound as both past
+    and present; a run binds the rows [lo, hi) of the slots it covers (contiguous views: the first axis), so a single
+    row runs at batch 1 and a step of rows 0..B-1 at batch B
+
+    a run over rows with S_b new tokens each:  S = max(2, max S_b)  (every row at least two: the multi-row kernels,
+    docs/architecture.md "One row is never run alone"); row b's tokens right-padded, at positions L_b .. L_b + S - 1,
+    its mask ones at [0, L_b + S); a row of [lo, hi) that is not in the run is a pad row (its writes land past its
+    length, where nothing reads them: the rollback rule). Needs L_b + S <= M for every row of [lo, hi).
+
+This first engine is greedy only: its head is argmax (`best` [B, S], export/batched_export.py's attach_greedy_head)
+and the acceptance runs on the host from those integers (graphs/oracle.py's greedy_verify). Sampling rows need the
+batched verify head (graphs/batch_oracle.py is its oracle): refused here with a clear error.
+
+It is both the loop's TargetModel (prefill, a single row's verify) and the scheduler's RowVerifier (a step's rows in
+one run), over the same caches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from specpack import names
+from specpack.errors import SpecpackError
+from specpack.graphs.oracle import greedy_verify
+from specpack.runtime.ort_session import OrtGraph
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+
+GREEDY_BEST = "best"
+
+
+class BatchedGreedyTarget:
+    def __init__(self, graph_path: Path, *, num_layers: int, kv_heads: int, head_dim: int, width: int, slots: int,
+                 k_max: int, threads: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        """width: M, the cache rows per slot (max_len + k_max + 1: a padded row never runs off the buffer)."""
+        self.graph = OrtGraph(graph_path, threads=threads)
+        self._binding = self.graph.new_binding()
+        self.width, self.slots, self.clock = width, slots, clock
+        rows = max(k_max + 1, width)  # the longest run: a prompt (or its chunk), or k_max + 1 verify rows
+        self._kv = [np.zeros((slots, kv_heads, width, head_dim), np.float32) for _ in range(2 * num_layers)]
+        self._past = names.kv_names(num_layers, "past")
+        self._present = names.kv_names(num_layers, "present")
+        self._mask = np.zeros((slots, width), np.int64)      # [slots, M]
+        self._ids = np.zeros(slots * rows, np.int64)         # flat: [B, S] views of its first B*S entries
+        self._pos = np.zeros(slots * rows, np.int64)
+        self._best = np.zeros(slots * rows, np.int64)
+        self._arange = np.arange(width, dtype=np.int64)      # [M] positions (views)
+        self.lengths = [0] * slots                           # cached rows of each slot
+        self.runs: list[int] = []                            # rows (B) of each run: tests
+
+    # --- TargetModel ---
+
+    def reset(self, state: DecodeState) -> None:
+        self.lengths[state.slot] = 0
+
+    def rollback(self, state: DecodeState, length: int) -> None:
+        self.lengths[state.slot] = min(length, self.lengths[state.slot])
+
+    def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
+        return self.verify_rows([(state, proposal)])[0][0]
+
+    def prefill_chunk(self, state: DecodeState, end: int) -> None:
+        cached = self.lengths[state.slot]
+        if not cached < end < state.length:
+            raise ValueError(f"a prefill chunk ends at {end}: expected {cached} < end < {state.length}")
+        self.run({state.slot: state.ids[cached:end]})
+        self.lengths[state.slot] = end
+
+    # --- RowVerifier ---
+
+    def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
+        """Every row's verify in one run; each row's share of its time is the run's over the rows."""
+        for state, proposal in rows:
+            if not state.params.greedy or proposal.parents is not None:
+                raise SpecpackError("the batched greedy target verifies greedy chains only",
+                                    expected="temperature 0, no token tree", found=f"{state.params}",
+                                    hint="docs/batching.md: the batched sampling head is what remains")
+        t = self.clock()
+        tokens = {state.slot: state.ids[self.lengths[state.slot] : state.length + proposal.k] for state, proposal in rows}
+        best = self.run(tokens)
+        out = []
+        for state, proposal in rows:
+            slot, k = state.slot, proposal.k
+            n_new = len(tokens[slot])
+            row = best[slot][n_new - k - 1 : n_new]  # argmax after the last committed token and after each draft
+            n, next_token = greedy_verify(row, proposal.tokens)
+            self.lengths[slot] = state.length + n  # the cache keeps the committed tokens and the accepted drafts
+            out.append(VerifyResult(n, next_token))
+        share = (self.clock() - t) / len(rows)
+        return [(result, share) for result in out]
+
+    def close(self) -> None:
+        self.graph.close()
+
+    def run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """One run over the slots [min, max] of `tokens` (slot -> its new tokens); slot -> its best [S] (a view)."""
+        lo, hi = min(tokens), max(tokens) + 1
+        seq = max(2, *(len(t) for t in tokens.values()))
+        batch = hi - lo
+        ids = self._ids[: batch * seq].reshape(batch, seq)      # [B, S]
+        pos = self._pos[: batch * seq].reshape(batch, seq)      # [B, S]
+        best = self._best[: batch * seq].reshape(batch, seq)    # [B, S]
+        for r, slot in enumerate(range(lo, hi)):
+            start, new = self.lengths[slot], tokens.get(slot)
+            if start + seq > self.width:
+                raise SpecpackError("the sequence does not fit the batched KV cache",
+                                    expected=f"cached + new <= {self.width} in every row of the run",
+                                    found=f"slot {slot}: {start} cached + {seq} new")
+            if new is None:                                         # a pad row: a slot not in this run
+                ids[r] = 0
+            else:
+                ids[r, : len(new)] = new
+                ids[r, len(new) :] = new[-1]                        # pads: any token
+            pos[r] = self._arange[start : start + seq]
+            self._mask[slot, : start + seq] = 1
+            self._mask[slot, start + seq :] = 0
+        inputs: dict[str, np.ndarray] = {names.INPUT_IDS: ids, names.POSITION_IDS: pos, names.ATTENTION_MASK: self._mask[lo:hi],
+                  **{name: kv[lo:hi] for name, kv in zip(self._past, self._kv, strict=True)}}
+        outputs: dict[str, np.ndarray] = {GREEDY_BEST: best,
+                                          **{name: kv[lo:hi] for name, kv in zip(self._present, self._kv, strict=True)}}
+        self.graph.run(self._binding, inputs, outputs)
+        self.runs.append(batch)
+        return {slot: best[slot - lo] for slot in tokens}

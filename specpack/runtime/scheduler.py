@@ -1,0 +1,272 @@
+"""Continuous batching: many requests decoded together, joining and leaving at step boundaries (docs/batching.md).
+
+One `Scheduler.step()` is one iteration over every admitted request (a row), in four numbered phases:
+
+    1. leave    rows whose caller cancelled (or whose stop string was hit) finish "cancelled"; their slots free up
+    2. join     waiting jobs take free cache slots, first come first served (at most max_batch rows)
+    3. prefill  rows still prefilling run whole chunks of `prefill_chunk` prompt tokens, in arrival order, within a
+                budget of `prefill_chunk` tokens per iteration (at least one chunk); a row whose rest of the prompt
+                fits runs the prefill proper (its first token)
+    4. decode   every decoding row: k (its own policy, under the batch's cap: batch_k.py) and its drafts; one verify
+                call over all rows (RowVerifier: in turn on the per-slot engines today, one batched run later); commit
+
+A row's chunk boundaries depend on its own prompt only (multiples of prefill_chunk), never on the other rows, so a
+request decodes the same tokens whatever it is batched with. Nothing here is thread-safe: one thread (the Batcher,
+batcher.py) owns the scheduler and the backend while it steps.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from specpack.errors import SpecpackError
+from specpack.runtime.backend import TargetModel
+from specpack.runtime.batch_k import BatchPolicy, NoCap
+from specpack.runtime.loop import Decoding
+from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+
+PREFILL_CHUNK = 256   # prompt tokens per prefill run of a joining request (and per iteration, over all of them)
+
+J = TypeVar("J")      # the caller's job (what it submitted and wants back)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_batch: int                       # rows decoding at once: at most the backend's cache slots
+    prefill_chunk: int = PREFILL_CHUNK   # prompt tokens per prefill run, and the prefill budget per iteration
+
+    def __post_init__(self) -> None:
+        for name, low in (("max_batch", 1), ("prefill_chunk", 2)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise SpecpackError(f"invalid {name}", expected=f"an integer >= {low}", found=repr(value))
+
+
+class ChunkedTarget(TargetModel, Protocol):
+    def prefill_chunk(self, state: DecodeState, end: int) -> None:
+        """The target over state.ids[cached:end] (end < state.length) into the cache, nothing emitted."""
+        ...
+
+
+@dataclass
+class Row(Generic[J]):
+    """One admitted request: its job, cache slot and decode; `finish(reason)` ends it (the caller's result)."""
+
+    job: J
+    slot: int
+    decoding: Decoding
+    halt: threading.Event | None         # set: no further step (the caller's cancel, a stop string hit)
+    own_k: bool = False                  # its k schedule is its own, never capped by the batch (seeded sampling:
+                                         # its tokens must follow its seed alone, and they follow its k schedule)
+    cached: int = 0                      # prompt tokens in the target's cache (chunked prefill)
+    prefilled: bool = False              # the prefill proper ran: the row decodes
+
+    @property
+    def state(self) -> DecodeState:
+        return self.decoding.state
+
+    @property
+    def halted(self) -> bool:
+        return self.halt is not None and self.halt.is_set()
+
+
+class RowVerifier(Protocol):
+    def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
+        """Each row's verify, in order: its VerifyResult and the seconds its step pays for the verify."""
+        ...
+
+
+class RowDrafter(Protocol):
+    def propose_rows(self, rows: list[tuple[DecodeState, int]]) -> list[Proposal]:
+        """Each row's proposal of up to k_b drafts, in order (all rows' j-th drafts in one run)."""
+        ...
+
+
+class SerialVerifier:
+    """Every row's verify on its own slot, one after the other (the per-slot engines of every backend). A batched
+    engine (docs/batching.md) takes the same rows in one run and shares its time among them."""
+
+    def __init__(self, target: TargetModel, clock: Callable[[], float]) -> None:
+        self.target, self.clock = target, clock
+
+    def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
+        out = []
+        for state, proposal in rows:
+            t = self.clock()
+            result = self.target.verify(state, proposal)
+            out.append((result, self.clock() - t))
+        return out
+
+
+Opener = Callable[[J, int], Row[J]]          # (job, slot) -> its row: state, policy, drafter, text out
+Finisher = Callable[[Row[J], str | BaseException], None]  # a row ended: its finish reason, or what it raised
+
+
+@dataclass
+class Scheduler(Generic[J]):
+    """Admission by cache slots, chunked prefill, one step over every row per iteration (the module docstring)."""
+
+    config: SchedulerConfig
+    target: ChunkedTarget
+    open_row: Opener[J]
+    finish_row: Finisher[J]
+    verifier: RowVerifier
+    batch_policy: BatchPolicy = field(default_factory=NoCap)  # the cap on each row's k at a batch size (batch_k.py)
+    row_drafter: RowDrafter | None = None  # drafts together for the rows whose drafter it is (batched_draft.py)
+    clock: Callable[[], float] = time.perf_counter
+    waiting: deque[J] = field(default_factory=deque)
+    rows: list[Row[J]] = field(default_factory=list)    # admitted, in arrival order
+    free: list[int] = field(default_factory=list)       # cache slots no row holds
+
+    def __post_init__(self) -> None:
+        self.free = list(range(self.config.max_batch - 1, -1, -1))  # pop() gives slot 0 first
+
+    @property
+    def idle(self) -> bool:
+        return not self.waiting and not self.rows
+
+    def add(self, job: J) -> None:
+        """A job waits for a row (the Batcher bounds how many wait)."""
+        self.waiting.append(job)
+
+    def step(self) -> None:
+        """One iteration: leave, join, prefill, decode (the module docstring). A row whose step raises finishes
+        with that exception; the others go on."""
+        self._leave()
+        self._join()
+        self._prefill()
+        self._decode()
+
+    def cancel_all(self, reason: BaseException) -> None:
+        """Every job, waiting or admitted, finishes with `reason` (closing)."""
+        for row in list(self.rows):  # _end removes each from self.rows
+            self._end(row, reason)
+        while self.waiting:
+            job = self.waiting.popleft()
+            self.finish_row(Row(job, -1, _NO_DECODING, None), reason)
+
+    # 1. leave
+    def _leave(self) -> None:
+        for row in [r for r in self.rows if r.halted]:
+            self._end(row, row.decoding.finish(cancelled=True))
+
+    # 2. join
+    def _join(self) -> None:
+        while self.waiting and self.free:
+            job = self.waiting.popleft()
+            slot = self.free.pop()
+            try:
+                row = self.open_row(job, slot)
+                if row.halted:  # cancelled while it waited
+                    self.free.append(slot)
+                    self.finish_row(row, row.decoding.finish(cancelled=True))
+                    continue
+                row.decoding.begin()
+            except Exception as err:
+                self.free.append(slot)
+                self.finish_row(Row(job, slot, _NO_DECODING, None), err)
+                continue
+            self.rows.append(row)
+
+    # 3. prefill
+    def _prefill(self) -> None:
+        chunk = self.config.prefill_chunk
+        budget = chunk
+        for row in [r for r in self.rows if not r.prefilled]:
+            if budget <= 0:
+                return
+            rest = row.state.length - row.cached
+            try:
+                if rest <= chunk:  # the prefill proper: the first token, the drafter's start
+                    row.decoding.prefill()
+                    row.prefilled, row.cached = True, row.state.length
+                    self._end_if_finished(row)
+                else:
+                    self.target.prefill_chunk(row.state, row.cached + chunk)
+                    row.cached += chunk
+            except Exception as err:
+                self._end(row, err)
+            budget -= min(rest, chunk)
+
+    # 4. decode
+    def _decode(self) -> None:
+        rows = [r for r in self.rows if r.prefilled and not r.halted]
+        if not rows:
+            return
+        cap = self.batch_policy.cap(len(rows))
+        t_draft = self.clock()
+        ks: list[tuple[Row[J], int]] = []
+        for row in rows:
+            try:
+                ks.append((row, row.decoding.plan(None if row.own_k else cap)))
+            except Exception as err:
+                self._end(row, err)
+        proposals = self._draft_together([(row, k) for row, k in ks
+                                          if k > 0 and row.decoding.drafter is self.row_drafter])
+        planned: list[tuple[Row[J], Proposal]] = []
+        for row, k in ks:
+            if row not in self.rows:  # ended while drafting
+                continue
+            try:
+                planned.append((row, proposals[id(row)] if id(row) in proposals else row.decoding.draft(k)))
+            except Exception as err:
+                self._end(row, err)
+        t_verify = self.clock()
+        try:
+            results = self.verifier.verify_rows([(row.state, proposal) for row, proposal in planned])
+        except Exception as err:  # a batched run failed: every row in it
+            for row, _ in planned:
+                self._end(row, err)
+            return
+        self.batch_policy.observe([p.k for _, p in planned], [r.n_accepted for r, _ in results], t_verify - t_draft,
+                                  self.clock() - t_verify)
+        for (row, proposal), (result, verify_s) in zip(planned, results, strict=True):
+            try:
+                row.decoding.commit(proposal, result, verify_s)
+                self._end_if_finished(row)
+            except Exception as err:
+                self._end(row, err)
+
+    def _draft_together(self, rows: list[tuple[Row[J], int]]) -> dict[int, Proposal]:
+        """id(row) -> its proposal, for the rows the row drafter drafts (one run per draft position); each row's draft
+        phase is its share of the whole. A failure ends those rows."""
+        if not rows or self.row_drafter is None:
+            return {}
+        t = self.clock()
+        try:
+            proposals = self.row_drafter.propose_rows([(row.state, k) for row, k in rows])
+        except Exception as err:
+            for row, _ in rows:
+                self._end(row, err)
+            return {}
+        share = (self.clock() - t) / len(rows)
+        for row, _ in rows:
+            row.decoding.drafted(share)
+        return {id(row): proposal for (row, _), proposal in zip(rows, proposals, strict=True)}
+
+    def _end_if_finished(self, row: Row[J]) -> None:
+        if row.state.finished:
+            self._end(row, row.decoding.finish(cancelled=False))
+
+    def _end(self, row: Row[J], outcome: str | BaseException) -> None:
+        if row in self.rows:
+            self.rows.remove(row)
+            self.free.append(row.slot)
+        self.finish_row(row, outcome)
+
+
+class _NoDecoding:
+    """The decoding of a job that never got one (refused at admission, or cancelled while closing)."""
+
+    state: Any = None
+
+    def finish(self, *, cancelled: bool) -> str:
+        return "cancelled"
+
+
+_NO_DECODING: Any = _NoDecoding()

@@ -1,0 +1,140 @@
+"""The batch's cap on k (runtime/batch_k.py) on simulated step costs, and the scheduler applying it (on the reference
+backend over bigram tables: the logic beside the real-backend tests of test_scheduler.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+from harness import bigram_backend, table
+
+from specpack.runtime.adaptive_k import AdaptiveConfig
+from specpack.runtime.batch_k import UNCAPPED, BatchKCap, NoCap
+from specpack.runtime.drafter import ModelDrafter
+from specpack.runtime.k_policy import FixedK
+from specpack.runtime.loop import Decoding
+from specpack.runtime.scheduler import Row, Scheduler, SchedulerConfig, SerialVerifier
+from specpack.runtime.state import DecodeState
+from specpack.runtime.stats import DecodeStats
+from specpack.sampling import SamplingParams, Uniforms
+
+
+def _gpu_like(tokens: int) -> float:
+    """A batched verify that is memory-bound up to 32 rows (one weight read), then grows with the rows."""
+    return 1.0 + max(0, tokens - 32) / 32
+
+
+def _measured(acceptance: float, max_batch: int = 64, k_max: int = 4) -> BatchKCap:
+    cap = BatchKCap(k_max, max_batch, AdaptiveConfig(prior_acceptance=acceptance, prior_weight=50.0))
+    for rows in (1, 4, 16, 64):
+        for k in range(k_max + 1):
+            ks = [k] * rows
+            cap.observe(ks, [round(acceptance * k)] * rows, 0.1 * k, _gpu_like(rows * (k + 1)))
+    return cap
+
+
+def test_speculation_is_turned_down_as_the_batch_grows() -> None:
+    cap = _measured(0.8)
+    caps = [cap.cap(b) for b in (1, 4, 8, 16, 32, 64)]
+    assert caps[0] == 4 and caps[-1] == 0, caps
+    assert caps == sorted(caps, reverse=True)  # never more drafts at a larger batch
+    assert _measured(0.2).cap(1) < caps[0]      # and fewer when little is accepted
+
+
+def test_nothing_is_capped_before_anything_is_measured() -> None:
+    assert BatchKCap(4, 8).cap(8) == UNCAPPED and NoCap().cap(64) == UNCAPPED
+
+
+class _Cap:
+    def __init__(self, value: int) -> None:
+        self.value, self.steps = value, 0
+
+    def cap(self, rows: int) -> int:
+        return self.value
+
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+        self.steps += 1
+        assert all(k <= self.value for k in ks[:1])  # row 0 is capped; row 1 (seeded sampling) is not
+
+
+def test_the_scheduler_caps_every_row_but_seeded_sampling() -> None:
+    t = table(20, 1)
+    backend = bigram_backend(t, t + table(20, 2, 1.0), slots=2)
+    finished: dict[int, str | BaseException] = {}
+    params = [SamplingParams(), SamplingParams(1.0)]
+
+    def open_row(job: int, slot: int) -> Row[int]:
+        state = DecodeState.start([1 + job, 2], 12, params[job], Uniforms(params[job], 8, seed=job), eos_ids=frozenset(),
+                                  max_len=64, k_max=8, stats=DecodeStats(k=4), slot=slot)
+        decoding = Decoding(state, backend.target(), ModelDrafter(backend.draft), FixedK(4))
+        return Row(job, slot, decoding, None, own_k=job == 1)
+
+    cap = _Cap(1)
+    scheduler: Scheduler[int] = Scheduler(SchedulerConfig(max_batch=2), backend.target(), open_row,  # type: ignore[arg-type]
+                                          lambda row, outcome: finished.__setitem__(row.job, outcome),
+                                          SerialVerifier(backend.target(), lambda: 0.0), batch_policy=cap)
+    rows: dict[int, DecodeState] = {}
+    scheduler.add(0)
+    scheduler.add(1)
+    while not scheduler.idle:
+        scheduler.step()
+        rows.update({r.job: r.state for r in scheduler.rows})
+    assert finished == {0: "length", 1: "length"} and cap.steps > 0
+    assert rows[0].stats.k_histogram[2:] == [0, 0, 0] and rows[0].stats.k_histogram[1] > 0  # capped at 1
+    assert rows[1].stats.k_histogram[4] > 0                                                 # its own k = 4
+
+
+def test_random_joins_cancellations_and_chunks_keep_every_request_its_own() -> None:
+    """A seeded storm on the reference backend: requests arrive between steps, some are cancelled at random steps,
+    long prompts are chunked. Every job finishes exactly once; no two rows ever hold a slot; at most max_batch rows;
+    every request that was not cancelled gives its lone tokens (greedy and seeded sampling), a cancelled one a prefix."""
+    import threading
+
+    from harness import run as run_alone
+
+    t = table(30, 4)
+    draft = t + table(30, 5, 1.0)
+    backend = bigram_backend(t, draft, slots=3)
+    rng = np.random.default_rng(0)
+    jobs = []
+    for i in range(14):
+        params = SamplingParams() if i % 2 else SamplingParams(1.0, top_k=8)
+        prompt = rng.integers(0, 30, int(rng.integers(1, 40))).tolist()
+        jobs.append((prompt, params, int(rng.integers(0, 5)), threading.Event()))
+    expected = [run_alone(bigram_backend(t, draft), p, 16, k, params=params, seed=7)[0].out for p, params, k, _ in jobs]
+    finished: dict[int, tuple[str | BaseException, list[int]]] = {}
+
+    def open_row(job: int, slot: int) -> Row[int]:
+        prompt, params, k, cancel = jobs[job]
+        state = DecodeState.start(prompt, 16, params, Uniforms(params, 8, seed=7), eos_ids=frozenset(), max_len=64,
+                                  k_max=8, stats=DecodeStats(k=k), slot=slot)
+        return Row(job, slot, Decoding(state, backend.target(), ModelDrafter(backend.draft), FixedK(k)), cancel,
+                   own_k=not params.greedy)
+
+    def finish_row(row: Row[int], outcome: str | BaseException) -> None:
+        assert row.job not in finished
+        finished[row.job] = (outcome, list(row.state.out) if row.state is not None else [])
+
+    scheduler: Scheduler[int] = Scheduler(SchedulerConfig(max_batch=3, prefill_chunk=8), backend.target(),  # type: ignore[arg-type]
+                                          open_row, finish_row, SerialVerifier(backend.target(), lambda: 0.0))
+    arrivals = sorted(rng.integers(0, 30, len(jobs)).tolist())
+    cancel_at = {int(j): int(rng.integers(1, 20)) for j in rng.choice(len(jobs), 4, replace=False)}
+    step, most = 0, 0
+    while len(finished) < len(jobs):
+        for job, at in enumerate(arrivals):
+            if at == step:
+                scheduler.add(job)
+        for job, at in cancel_at.items():
+            if at == step - arrivals[job]:
+                jobs[job][3].set()
+        scheduler.step()
+        slots = [r.slot for r in scheduler.rows]
+        assert len(slots) == len(set(slots)) <= 3 and set(slots) | set(scheduler.free) == {0, 1, 2}
+        most = max(most, len(slots))
+        step += 1
+        assert step < 500
+    assert most == 3 and any(o == "cancelled" and len(t) < 16 for o, t in finished.values())
+    assert any(len(p) > 8 for p, *_ in jobs)  # some prompts were chunked
+    for job, (outcome, tokens) in finished.items():
+        if jobs[job][3].is_set():
+            assert outcome in ("cancelled", "length") and tokens == expected[job][: len(tokens)], job
+        else:
+            assert (outcome, tokens) == ("length", expected[job]), job
