@@ -142,7 +142,7 @@ def test_the_head_on_the_gpu_drafts_the_targets_greedy_tokens(head_dirs: tuple[P
         for k in (1, 4, None):
             assert pack.generate(prompt, 40, k=k, drafter="head").tokens == alone, (prompt, k)
     report = pack.backend.capture_report()  # type: ignore[attr-defined]
-    print(f"head fp16 gqa: {report}")
+    print(f"head fp16 standard: {report}")
     assert report["target"]["capture"] and report["draft"]["capture"], report
     assert report["draft"]["captured_graphs"] >= 2, report
 
