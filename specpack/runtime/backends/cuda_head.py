@@ -109,29 +109,34 @@ class DeviceHead:
             slot.draft_id.write(state.ids[None, end - 1 : end])  # [1, 1]
         if not slot.greedy:
             slot.uniform.write(state.uniforms.draft[row : row + 1])
-        h = self.hidden
-        inputs = {names.INPUT_IDS: ids, names.FEATURES: self.features[state.slot].view(),
-                  names.DRAFT_IDS: slot.draft_id.view((1, w)), names.HIDDEN_IN: slot.hidden.view((1, w, h), current * h),
-                  names.UNIFORM: slot.uniform.view(), **kv_inputs, **{k: v.view() for k, v in slot.sampling.items()}}
-        # greedy: one fixed q row (a captured graph keeps its addresses); the greedy verify never reads q
-        outputs = {names.TOKEN: slot.token.view(), names.HIDDEN_OUT: slot.hidden.view((1, 1, h), (1 - current) * h),
-                   names.PROBS: slot.q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab),  # [1, V]
-                   **cache.bind_outputs(c + w)}
         session = self.session(slot.greedy)
-        if slot.greedy and c <= self.short_max:  # fixed shapes and addresses: bound once, captured, replayed
-            key = (c, w, current)
-            binding = slot.bindings.get(key)
-            if binding is None:
-                binding = slot.bindings[key] = session.session.io_binding()
-                bind(binding, self.device, inputs, outputs, session.input_names)
-            session.run(binding, (state.slot, *key))
-        else:
+        captured = slot.greedy and c <= self.short_max  # fixed shapes and addresses: bound once, captured, replayed
+        key = (c, w, current)
+        binding = slot.bindings.get(key) if captured else None
+        if binding is None:
             binding = session.session.io_binding()
-            bind(binding, self.device, inputs, outputs, session.input_names)
-            session.run(binding, None)
+            bind(binding, self.device, *self._views(state.slot, slot, ids, kv_inputs, c + w, w, row),
+                 session.input_names)
+            if captured:
+                slot.bindings[key] = binding
+        session.run(binding, (state.slot, *key) if captured else None)
         cache.advance(c + w)
         slot.current = 1 - current  # this run's hidden_out is the next drafted row's hidden_in
         return int(slot.token.read()[0])
+
+    def _views(self, index: int, slot: _HeadSlot, ids: DeviceView, kv_inputs: dict[str, DeviceView], rows: int, w: int,
+               row: int) -> tuple[dict[str, DeviceView], dict[str, DeviceView]]:
+        """What a run over `rows` = C catch-up + W drafted rows binds: inputs, outputs. Greedy runs write q into one
+        fixed row (a captured graph keeps its addresses; the greedy verify never reads q); sampling runs into `row`."""
+        h, half = self.hidden, slot.current * self.hidden
+        inputs = {names.INPUT_IDS: ids, names.FEATURES: self.features[index].view(),
+                  names.DRAFT_IDS: slot.draft_id.view((1, w)), names.HIDDEN_IN: slot.hidden.view((1, w, h), half),
+                  names.UNIFORM: slot.uniform.view(), **kv_inputs,
+                  **{k: v.view() for k, v in slot.sampling.items()}}
+        outputs = {names.TOKEN: slot.token.view(), names.HIDDEN_OUT: slot.hidden.view((1, 1, h), h - half),
+                   names.PROBS: slot.q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab),  # [1, V]
+                   **slot.cache.bind_outputs(rows)}
+        return inputs, outputs
 
     def _upload_ids(self, slot: _HeadSlot, host: np.ndarray) -> DeviceView:
         """input_ids [1, C] on the device: a staging buffer per C up to k_max + 1 (fixed addresses), else a prefix of
