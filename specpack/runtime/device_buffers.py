@@ -3,7 +3,8 @@
     DeviceArray          one OrtValue on the device (zero-filled at allocation); views by pointer offset
     DeviceView           (ptr, shape, dtype): what an IOBinding binds; a view of a DeviceArray, no copy
     bind                 views bound to an IOBinding by pointer
-    DeviceStaticKVCache  the static cache (runtime/static_kv_cache.py) with its buffers and mask on the device
+    DeviceStaticKVCache  the static cache (runtime/static_kv_cache.py) with its buffers and mask on the device;
+                         after a tree verify its rows move by kv_compact.onnx, run by the engine's `compact`
 
 Host -> device copies go through `OrtValue.update_inplace` (the buffer keeps its address: what CUDA graph
 replay needs); device -> host through `OrtValue.numpy()`. Per run the cache uploads only its mask
@@ -12,6 +13,7 @@ replay needs); device -> host through `OrtValue.numpy()`. Per run the cache uplo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -63,6 +65,11 @@ class DeviceStaticKVCache(StaticLengthCache):
 
     The mask [1, max_len] lives on the host and on the device: bind_inputs edits the host copy between the old
     and new end and uploads it. Every call returns the same views: fixed addresses for captured graphs.
+
+    After a tree verify (docs/trees.md, "kv_compact.onnx"), `keep_rows` moves the accepted path's rows on the device:
+    the engine that ran the verify says so (`tree_verified(T)`) and sets `compact`, which runs kv_compact.onnx over
+    its path buffer, this cache's buffers (present onto past) and the mask the verify ran with (still bound then:
+    nothing runs between the verify and keep_rows).
     """
 
     def __init__(self, num_layers: int, kv_heads: int, head_dim: int, max_len: int, dtype: np.dtype | type,
@@ -74,6 +81,32 @@ class DeviceStaticKVCache(StaticLengthCache):
         past, present = names.kv_names(num_layers, "past"), names.kv_names(num_layers, "present")
         super().__init__(max_len, {names.ATTENTION_MASK: self._mask.view(), **dict(zip(past, views, strict=True))},
                          dict(zip(present, views, strict=True)), np.zeros((1, max_len), np.int64))
+        self.compact: Callable[[int], None] | None = None  # runs kv_compact.onnx over the last tree verify of T nodes
+        self._tree_nodes: int | None = None  # T of the tree verify that ran last; None: the last run was not one
+
+    def bound(self) -> tuple[dict[str, DeviceView], dict[str, DeviceView]]:
+        """The mask and past views, and the present views (the same buffers), without touching the mask."""
+        return self._inputs, self._outputs
+
+    def tree_verified(self, nodes: int) -> None:
+        """A tree verify of `nodes` nodes (T) just ran over rows up to this cache's length; its path is on the device."""
+        self._tree_nodes = nodes
+
+    def advance(self, n_new: int) -> None:
+        self._tree_nodes = None  # any run after a tree verify: its rows can no longer be moved
+        super().advance(n_new)
+
+    def keep_rows(self, start: int, rows: np.ndarray) -> None:
+        """Rows start + rows[i] -> start + i (rows: the accepted nodes of the tree verify that just ran, start its first
+        node's row), by kv_compact.onnx on the device; a chain's path (rows 0, 1, .., n - 1) moves nothing."""
+        nodes = self._tree_nodes
+        if self.compact is None or nodes is None or start + nodes != self.length or self.length != self._mask_end:
+            raise RuntimeError(f"keep_rows({start}, {len(rows)} rows): expected right after a tree verify ending at "
+                               f"{start} + T (the cache holds {self.length}, T {nodes}, compaction "
+                               f"{'set' if self.compact else 'not set'})")
+        if np.array_equal(rows, np.arange(len(rows))):
+            return  # the identity path: every accepted row is already in place
+        self.compact(nodes)
 
     def _mask_changed(self, low: int, high: int) -> None:
         self._mask.write(self._mask_host)  # the whole [1, max_len]: update_inplace copies whole values

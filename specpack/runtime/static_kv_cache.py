@@ -55,8 +55,9 @@ class StaticLengthCache(LengthCache):
         """The host mask's entries [low, high) were edited (a host cache binds it directly: nothing to do)."""
 
     def keep_rows(self, start: int, rows: np.ndarray) -> None:
-        """Where the buffers are not host arrays, the rows move by a graph (kv_compact, docs/trees.md): not yet."""
-        raise NotImplementedError(f"{type(self).__name__} cannot move cache rows after a tree verify yet")
+        """Where the buffers are not host arrays, the rows move by a graph (kv_compact, docs/trees.md): the subclass's
+        (DeviceStaticKVCache runs it on the device)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot move cache rows after a tree verify")
 
     def bind_outputs(self, n_new: int) -> dict[str, Any]:
         """The present buffers: the past buffers themselves (the graph writes rows [length, length + n_new))."""

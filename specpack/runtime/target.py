@@ -148,9 +148,9 @@ class Draft(Generic[D]):
         _rollback(self.engine, state, length)
 
 
-def refuse_cpu_only(manifest: Manifest, backend: str, *, static_heads: bool = False) -> None:
+def refuse_cpu_only(manifest: Manifest, backend: str, *, static_heads: bool = False, trees: bool = False) -> None:
     """A backend that cannot run a pack's draft head or tree verify graph yet says so at load (not at the first
-    request). static_heads: the backend runs heads of the static form (the cuda backend)."""
+    request). static_heads: the backend runs heads of the static form; trees: tree verify graphs (the cuda backend)."""
     head = manifest.head
     if head is not None and static_heads and head.graph.kv_cache != "static":
         raise SpecpackError(f"the {backend} backend runs draft heads of the static form", expected="a head pack "
@@ -160,10 +160,10 @@ def refuse_cpu_only(manifest: Manifest, backend: str, *, static_heads: bool = Fa
         raise SpecpackError(f"the {backend} backend does not run draft heads yet", expected="--device cpu or cuda for "
                             "a pack exported with --draft-head", found=f"--device {backend}, drafter 'head'",
                             hint="run it with --device cpu or cuda (docs/heads.md says what remains)")
-    if manifest.target.graph.tree is not None:
-        raise SpecpackError(f"the {backend} backend does not run tree verify graphs yet", expected="--device cpu for "
-                            "a pack exported with --max-tree-nodes", found=f"--device {backend}, a tree pack",
-                            hint="run it with --device cpu, or export without --max-tree-nodes (docs/trees.md)")
+    if manifest.target.graph.tree is not None and not trees:
+        raise SpecpackError(f"the {backend} backend does not run tree verify graphs yet", expected="--device cpu or "
+                            "cuda for a pack exported with --max-tree-nodes", found=f"--device {backend}, a tree pack",
+                            hint="run it with --device cpu or cuda, or export without --max-tree-nodes (docs/trees.md)")
 
 
 class EngineBackend(Generic[V, D]):

@@ -2,7 +2,8 @@
 
     CudaBackend
       DeviceTarget  the VerifyEngine of verify.onnx: per slot a DeviceStaticKVCache, n_accepted / next_token [1],
-                    q scratch
+                    q scratch; for a tree verify graph parents [1, T] per T, path [1, T_max + 1] and kv_compact.onnx
+                    (the accepted rows moved on the device, one binding per (slot, T): docs/trees.md)
       DeviceDraft   the DraftEngine of draft_step.onnx (opened on first use); per slot a cache, q [1, k_max, V],
                     token [1]
       DeviceHead    the DraftEngine of a static head_step.onnx (backends/cuda_head.py), over the target's features
@@ -34,13 +35,14 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from specpack import names
-from specpack.contract.manifest import HeadEntry, Manifest, ModelEntry
+from specpack.contract.manifest import GraphEntry, HeadEntry, Manifest, ModelEntry
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
@@ -102,7 +104,7 @@ class DeviceSession:
         # what the graph takes, as the manifest declares it (checked above against the session): e.g. no
         # position_ids for a graph whose positions are "internal" (the builder's rotary inside its attention)
         self.input_names = {spec.name for spec in entry.graph.inputs}
-        self._graph_ids: dict[tuple[int, ...], int] = {}
+        self._graph_ids: dict[tuple[Any, ...], int] = {}
         self._run_options: dict[int, Any] = {}
 
     def _open(self, model: Path | bytes, folder: Path, device: str, capture: bool, threads: int | None) -> Any:
@@ -124,7 +126,7 @@ class DeviceSession:
         source = str(model) if isinstance(model, Path) else model
         return self._ort.InferenceSession(source, sess_options=opts, providers=providers)
 
-    def run(self, binding: Any, key: tuple[int, ...] | None) -> None:
+    def run(self, binding: Any, key: tuple[Any, ...] | None) -> None:
         """Run; `key` names a fixed-shape, fixed-address run (captured once, then replayed), None one that is not."""
         graph_id = SKIP_CAPTURE
         if self.capture and key is not None:
@@ -158,7 +160,8 @@ class _DeviceModel:
     def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
         self.backend, self.entry, self.device = backend, entry, backend.device
         m = backend.manifest
-        self.short_max = m.k_max + 1  # runs over at most this many tokens have a buffer (and a graph) per S
+        # runs over at most this many tokens have a buffer (and a graph) per S: k_max + 1, or a tree's T_max + 1
+        self.short_max = backend.drafts_max + 1
         self.vocab = m.vocab_size
         self.slots = [self._slot() for _ in range(backend.options.slots)]
         self._long_host = np.zeros((2, 1, m.max_len), np.int64)  # [ids | positions, 1, max_len]: long prefills
@@ -205,12 +208,13 @@ class _DeviceModel:
         return slot.ids[n], slot.positions[n]
 
     def _run(self, state: DecodeState, end: int, key: tuple[int, ...], inputs: dict[str, DeviceView],
-             outputs: dict[str, DeviceView]) -> None:
+             outputs: dict[str, DeviceView], chunks: bool = True) -> None:
         """Run over state.ids[cached:end]. `inputs` / `outputs`: the head's buffers, at fixed addresses for a
-        greedy run (bound once per run shape), rebound every run when sampling."""
+        greedy run (bound once per run shape), rebound every run when sampling. chunks: a long run may go as
+        chunks (not a tree's: each chunk would take the last T rows for the nodes)."""
         slot = self.slots[state.slot]
         cache, session = slot.cache, self.session(slot.greedy)
-        chunked = self.backend.chunked_runs and slot.greedy
+        chunked = self.backend.chunked_runs and slot.greedy and chunks
         if chunked:
             # captured chunks; each one's head outputs are overwritten by the next, the cache keeps every token
             while end - cache.length > self.short_max and end - cache.length != LONG_CHUNK:
@@ -274,15 +278,34 @@ class DeviceDraft(_DeviceModel):
 
 
 class DeviceTarget(_DeviceModel):
-    """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token read back."""
+    """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token read back.
+
+    The tree form (a pack exported with --max-tree-nodes T_max) takes `parents` in place of draft_probs and gives
+    `path`: a chain is verified as a tree of width 1 (parents -1, 0, .., k - 2), a tree with its own parents; after a
+    tree verify Target._tree calls the cache's keep_rows, which runs kv_compact.onnx here (`_compact`)."""
 
     def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
         super().__init__(backend, entry)
-        k_max = backend.manifest.k_max
+        k_max, tree = backend.manifest.k_max, entry.graph.tree
+        self.tree_nodes = 0 if tree is None else tree.max_nodes  # T_max; 0: the chain form
         # q the greedy form binds (it never reads it), and one-hot q of deterministic proposals when sampling
         self._q_scratch = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]
-        self._uniforms = [{k: DeviceArray((1, k + 1), np.float32, self.device) for k in range(k_max + 1)}
+        self._uniforms = [{k: DeviceArray((1, k + 1), np.float32, self.device) for k in range(self.short_max)}
                           for _ in self.slots]  # k -> [1, k + 1]
+        self._chain = np.arange(-1, self.tree_nodes - 1, dtype=np.int64)[None]  # [1, T_max] host: a chain's parents
+        # T -> parents [1, T] per slot (one element allocated for T = 0, bound as [1, 0]); path [1, T_max + 1] per slot
+        self._parents = [{t: DeviceArray((1, max(t, 1)), np.int64, self.device) for t in range(self.tree_nodes + 1)}
+                         for _ in self.slots] if tree is not None else []
+        self._path = [DeviceArray((1, self.tree_nodes + 1), np.int64, self.device) for _ in self._parents]
+        self._compact_session: DeviceSession | None = None
+        self._compact_bindings: dict[tuple[int, int], Any] = {}  # (slot, T) -> IOBinding, bound once
+        if tree is not None:  # kv_compact.onnx, opened at load (verified bytes for a pinned pack)
+            graph = GraphEntry(path=tree.kv_compact.path, data_files=[], inputs=tree.kv_compact.inputs,
+                               outputs=tree.kv_compact.outputs, kv_cache="static")
+            self._compact_session = backend.open_session(entry.model_copy(update={"graph": graph}), greedy=False,
+                                                         capture=backend.cuda_graphs)
+            for i, slot in enumerate(self.slots):
+                slot.cache.compact = partial(self._compact, i)
         self._n = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
         self._next = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]
         self.features: list[DeviceArray] = []  # a head pack's features cache [1, 1, max_len, F] per slot, in place
@@ -291,6 +314,9 @@ class DeviceTarget(_DeviceModel):
             self.features = [DeviceArray(shape, numpy_dtype(entry.dtype), self.device) for _ in self.slots]
 
     def verify(self, run: VerifyRun) -> VerifyResult:
+        if self.tree_nodes:  # the tree form verifies a chain as a tree of width 1 (its head has no draft_probs)
+            path = self._run_tree(run, self._chain[:, : run.k])
+            return VerifyResult(len(path), int(self._next[run.state.slot].read()[0]))
         state, k, i = run.state, run.k, run.state.slot
         slot = self.slots[i]
         uniforms = self._uniforms[i][k]
@@ -307,7 +333,44 @@ class DeviceTarget(_DeviceModel):
         return VerifyResult(int(self._n[i].read()[0]), int(self._next[i].read()[0]))
 
     def verify_tree(self, run: VerifyRun) -> TreeResult:
-        raise tree_refusal(self.__class__.__name__)
+        if not self.tree_nodes or run.parents is None:
+            raise tree_refusal("this pack's verify graph (exported without --max-tree-nodes)")
+        path = self._run_tree(run, run.parents[None])
+        return TreeResult(path, int(self._next[run.state.slot].read()[0]))
+
+    def _run_tree(self, run: VerifyRun, parents: np.ndarray) -> np.ndarray:
+        """The tree form over `parents` [1, T] (host); the accepted nodes (path rows 1..n, minus one: node indices).
+        Greedy runs are captured per (slot, S, T): parents, uniforms and path at fixed addresses per T."""
+        state, k, i = run.state, run.k, run.state.slot
+        if k > self.tree_nodes:
+            raise tree_refusal(f"a verify of {k} nodes (this pack's tree form takes {self.tree_nodes} at most)")
+        staged, uniforms = self._parents[i][k], self._uniforms[i][k]
+        if k:
+            staged.write(parents)  # [1, T]
+        if not self.slots[i].greedy:
+            uniforms.write(state.uniforms.verify[:, : k + 1])
+        inputs = {names.PARENTS: staged.view((1, k)), names.UNIFORMS: uniforms.view()}
+        outputs = {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view(),
+                   names.PATH: self._path[i].view((1, k + 1))}
+        if self.features:
+            inputs[names.PAST_TARGET_FEATURES] = outputs[names.TARGET_FEATURES] = self.features[i].view()
+        self._run(state, state.length + k, (k,), inputs, outputs, chunks=k == 0)
+        self.slots[i].cache.tree_verified(k)
+        n = int(self._n[i].read()[0])
+        return self._path[i].read()[0, 1 : n + 1] - 1  # [n] node indices, increasing
+
+    def _compact(self, i: int, nodes: int) -> None:
+        """kv_compact.onnx over slot i's cache after a tree verify of `nodes` nodes: the mask the verify ran with, its
+        path [1, T + 1] and every cache buffer in place (present bound onto past); one binding and graph per (slot, T)."""
+        session = self._compact_session
+        assert session is not None  # set as the cache's compact only with a tree form
+        binding = self._compact_bindings.get((i, nodes))
+        if binding is None:
+            cache_inputs, cache_outputs = self.slots[i].cache.bound()
+            binding = self._compact_bindings[(i, nodes)] = session.session.io_binding()
+            bind(binding, self.device, {**cache_inputs, names.PATH: self._path[i].view((1, nodes + 1))}, cache_outputs,
+                 session.input_names)
+        session.run(binding, (i, nodes))
 
     def upload_q(self, slot: int, host_q: np.ndarray, k: int) -> DeviceView:
         """A host q (a deterministic proposal's one-hot rows) uploaded into the slot's scratch."""
@@ -325,7 +388,7 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
         chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
         are captured)."""
-        refuse_cpu_only(manifest, "cuda", static_heads=True)
+        refuse_cpu_only(manifest, "cuda", static_heads=True, trees=True)
         for label, entry in manifest.models():  # an n-gram pack has no draft model
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
                 raise SpecpackError("the cuda backend needs graphs with the static KV cache, fp32 or fp16",
@@ -339,10 +402,16 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
                                     expected="--dtype fp16 with --attention gqa, or fp32 with --attention standard",
                                     found=f"{label}: fp32, gqa attention",
                                     hint="re-export with spec-export --kv-cache static --dtype fp16")
+        tree = manifest.target.graph.tree
+        if tree is not None and tree.max_nodes < manifest.k_max:
+            raise SpecpackError("this pack's tree verify graph takes fewer nodes than its k_max",
+                                expected=f"--max-tree-nodes >= --k ({manifest.k_max})", found=f"max_nodes {tree.max_nodes}",
+                                hint="re-export with --max-tree-nodes at least --k")
         self.path, self.manifest, self.options, self.device = path, manifest, options, device
         self.cuda_graphs = cuda_graphs and options.cuda_graphs and device == "cuda"
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
-        width = manifest.max_len + manifest.k_max + 1
+        self.drafts_max = manifest.k_max if tree is None else tree.max_nodes  # the most drafts (nodes) a verify takes
+        width = manifest.max_len + self.drafts_max + 1
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
         target = DeviceTarget(self, manifest.target)
         target.session(True)  # the greedy form opens at load
@@ -359,9 +428,10 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
             return DeviceHead(self, self.manifest.head, self._target.engine.features)
         return DeviceDraft(self, self.manifest.draft)
 
-    def open_session(self, entry: ModelEntry | HeadEntry, greedy: bool) -> DeviceSession:
+    def open_session(self, entry: ModelEntry | HeadEntry, greedy: bool, capture: bool | None = None) -> DeviceSession:
         """The greedy form (If inlined, captured where the EP allows) or the graph as exported; for a pinned pack
-        (options.verified_reads) from bytes hashed as they are read, whenever the session opens."""
+        (options.verified_reads) from bytes hashed as they are read, whenever the session opens. capture: whether the
+        session captures CUDA graphs (None: the greedy form does, where the backend captures)."""
         graph_path = self.path / entry.graph.path
         model: Path | bytes = graph_path
         external = None
@@ -374,12 +444,16 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
             from specpack.graphs.greedy_form import greedy_form  # needs onnx: the device extra
 
             model = greedy_form(graph_path, model if isinstance(model, bytes) else None)
-        return DeviceSession(model, graph_path.parent, entry, self.device, greedy and self.cuda_graphs,
-                             self.options.threads, external)
+        capture = greedy and self.cuda_graphs if capture is None else capture
+        return DeviceSession(model, graph_path.parent, entry, self.device, capture, self.options.threads, external)
 
     def capture_report(self) -> dict[str, Any]:
         """Whether each opened greedy session captures CUDA graphs, how many, and why not."""
-        models = {"target": self._target.engine, "draft": self._draft.engine if self._draft is not None else None}
+        target = self._target.engine
+        models = {"target": target, "draft": self._draft.engine if self._draft is not None else None}
+        sessions = {label: s for label, model in models.items() if model is not None
+                    for s in [model._sessions.get(True)] if s is not None}
+        if target._compact_session is not None:
+            sessions["kv_compact"] = target._compact_session
         return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
-                for label, model in models.items() if model is not None
-                for s in [model._sessions.get(True)] if s is not None}
+                for label, s in sessions.items()}
