@@ -1,7 +1,8 @@
 """The same app on Ray Serve (specpack/serve/ray_app.py): a local Ray cluster of 2 CPUs, the tiny qwen2 pack.
 
-2 replicas answer the official openai client (streamed or not) with Pack.generate's greedy text; a tampered pack is
-refused by every replica. Slow (a Ray cluster starts in ~10 s); skipped without ray[serve] (`pip install -e '.[ray]'`).
+2 replicas (built as `serve run` builds them, from_args) answer the official openai client (streamed or not) with
+Pack.generate's greedy text, and its errors; a tampered pack is refused by every replica. Slow (a Ray cluster starts
+in ~10 s); skipped without ray[serve] (`pip install -e '.[ray]'`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from specpack.serve.ray_config import RayScaling
 
 ray = pytest.importorskip("ray", reason="ray[serve] is not installed (the `ray` extra: pip install -e '.[ray]')")
 serve = pytest.importorskip("ray.serve", reason="ray is installed without its serve extra")
-from specpack.serve.ray_app import DEPLOYMENT_NAME, application  # noqa: E402  (imports ray)
+from specpack.serve.ray_app import DEPLOYMENT_NAME, application, from_args  # noqa: E402  (imports ray)
 
 pytestmark = pytest.mark.slow
 MODEL = "tiny"
@@ -64,7 +65,9 @@ def _replica_states() -> dict[str, int]:
 
 
 def test_two_replicas_answer_the_openai_client(ray_url: str, pack_dir: Path) -> None:
-    serve.run(application(ServeConfig(pack_dir, model_name=MODEL), RayScaling(replicas=2)), name=APP, route_prefix="/")
+    # as `serve run specpack.serve.ray_app:from_args pack=... replicas=2` builds it: every value a string
+    serve.run(from_args({"pack": str(pack_dir), "model_name": MODEL, "replicas": "2", "max_queue": "8"}), name=APP,
+              route_prefix="/")
     try:
         assert sum(n for state, n in _replica_states().items() if "RUNNING" in state) == 2
         reference = specpack.load(pack_dir)
