@@ -27,7 +27,7 @@ def _free_port() -> int:
 
 def test_serve_ray_listens_answers_and_stops(tiny_pack: Callable[..., tuple[Path, Path, Path]], tmp_path: Path) -> None:
     pack_dir, port = tiny_pack("qwen2", "noisy")[0], _free_port()
-    log = (tmp_path / "serve.log").open("w+")
+    log = (tmp_path / "serve.log").open("w")
     specpack = str(Path(sys.executable).parent / "specpack")
     args = ["serve", str(pack_dir), "--ray", "--replicas", "1", "--port", str(port), "--model-name", "tiny",
             "--cpus-per-replica", "0.5"]
@@ -46,3 +46,4 @@ def test_serve_ray_listens_answers_and_stops(tiny_pack: Callable[..., tuple[Path
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        log.close()
