@@ -78,8 +78,13 @@ def pinned(config: ServeConfig) -> ServeConfig:
 
 
 def application(config: ServeConfig, scaling: RayScaling) -> Application:
-    """The Ray Serve application of one pack: serve.run(application(...)), or `serve run` through from_args."""
+    """The Ray Serve application of one pack: serve.run(application(...)), or `serve run` through from_args.
+
+    Each replica's sessions get as many intra-op threads as the replica has CPUs (unless config.threads says): Ray
+    does not pin an actor to its CPUs, so by default every replica would spin a thread on every core of the node."""
     options = scaling.deployment_options(config.max_batch, config.max_queue, config.shutdown_grace_s)
+    if config.threads is None:
+        config = dataclasses.replace(config, threads=max(1, int(scaling.cpus_per_replica)))
     deployment = cast("Deployment", PackReplica)  # @serve.deployment made the class a Deployment
     return deployment.options(**options).bind(pinned(config))
 

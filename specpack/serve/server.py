@@ -47,7 +47,7 @@ def load_pack(config: ServeConfig) -> Pack:
     from specpack.runtime.backend import BackendOptions
 
     pack = specpack.load(config.pack, device=config.device, ngram=config.ngram, manifest_sha256=config.manifest_sha256,
-                         options=BackendOptions(slots=config.max_batch))  # one KV cache per row of the batch
+                         options=BackendOptions(slots=config.max_batch, threads=config.threads))  # a KV cache per row
     try:
         if config.k is not None:
             check_k(config.k, pack.manifest.k_max, what="--k")

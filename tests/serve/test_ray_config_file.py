@@ -33,6 +33,7 @@ def test_the_example_builds_the_app(tiny_pack: Callable[..., tuple[Path, Path, P
     assert deployment.ray_actor_options["num_cpus"] == 2
     (served,) = app._bound_deployment.init_args
     assert served.pack == pack.resolve() and served.manifest_sha256 == manifest_sha256(pack)
+    assert served.threads == 2  # cpus_per_replica: a replica's sessions spin no more threads than it has CPUs
 
 
 def test_unknown_or_missing_args_are_refused() -> None:
