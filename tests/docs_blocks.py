@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 import shlex
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,7 +131,8 @@ def problem(words: list[str], cli: click.Group) -> str | None:
         return None if (ROOT / args[0]).exists() else f"no file {args[0]}"
     if prog in ("python", "python3", "bash") and args and args[0].endswith((".py", ".sh")):
         return None if (ROOT / args[0]).is_file() else f"no script {args[0]}"
-    return None if prog in USER_TOOLS or shutil.which(prog) else f"unknown program {prog!r}"
+    installed = shutil.which(prog) or (Path(sys.executable).parent / prog).is_file()  # on PATH, or in this environment
+    return None if prog in USER_TOOLS or installed else f"unknown program {prog!r}"
 
 
 def click_problem(prog: str, args: list[str], cli: click.Group) -> str | None:

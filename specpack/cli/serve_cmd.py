@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -14,8 +15,10 @@ from specpack.errors import SpecpackError
 from specpack.limits import parse_k, parse_tree
 from specpack.runtime.backend import BACKENDS
 from specpack.serve.config import ServeConfig
+from specpack.serve.ray_config import RayScaling, parse_autoscale
 
 D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in ServeConfig, once
+R = {f.name: f.default for f in fields(RayScaling)}  # and RayScaling's in RayScaling
 
 
 @click.command("serve")
@@ -45,12 +48,24 @@ D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in Ser
 @click.option("--max-connections", type=int, default=D["max_connections"], show_default=True,
               help="Open connections served at once; more are answered 503 and closed.")
 @click.option("--manifest-sha256", default=None, help=PIN_HELP)
+@click.option("--ray", "use_ray", is_flag=True, help="Serve from Ray Serve replicas (the ray extra; docs/ray_serve.md): "
+              "the same API, each replica pinned to the pack's manifest sha256.")
+@click.option("--replicas", type=int, default=None, help=f"With --ray: replicas [default: {R['replicas']}].")
+@click.option("--autoscale", default=None, metavar="MIN..MAX",
+              help="With --ray: scale between MIN and MAX replicas on ongoing requests (instead of --replicas).")
+@click.option("--gpus-per-replica", type=float, default=None,
+              help=f"With --ray: GPUs per replica (Ray's num_gpus) [default: {R['gpus_per_replica']:g}].")
+@click.option("--cpus-per-replica", type=float, default=None,
+              help=f"With --ray: CPUs per replica (Ray's num_cpus) [default: {R['cpus_per_replica']:g}].")
+@click.option("--ray-address", default=None,
+              help="With --ray: a running Ray cluster (`ray start --head`'s address, or auto) instead of a local one.")
 @user_errors
 def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tree_text: str, drafter: str | None,
                   ngram_min: int, ngram_max: int, ngram_width: int, max_queue: int, max_batch: int, timeout_s: float,
                   shutdown_grace_s: float,
                   model_name: str | None, max_body_bytes: int, read_timeout_s: float, max_connections: int,
-                  manifest_sha256: str | None) -> None:
+                  manifest_sha256: str | None, use_ray: bool, replicas: int | None, autoscale: str | None,
+                  gpus_per_replica: float | None, cpus_per_replica: float | None, ray_address: str | None) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
     config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), tree=parse_tree(tree_text),
                          drafter=drafter,
@@ -58,9 +73,38 @@ def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tr
                          max_batch=max_batch, timeout_s=timeout_s, shutdown_grace_s=shutdown_grace_s, model_name=model_name,
                          max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s, max_connections=max_connections,
                          manifest_sha256=manifest_sha256)
+    ray_options = {"--replicas": replicas, "--autoscale": autoscale, "--gpus-per-replica": gpus_per_replica,
+                   "--cpus-per-replica": cpus_per_replica, "--ray-address": ray_address}
+    if use_ray:
+        _serve_on_ray(config, replicas, autoscale, gpus_per_replica, cpus_per_replica, ray_address)
+        return
+    if given := [name for name, value in ray_options.items() if value is not None]:
+        raise SpecpackError(f"{', '.join(given)} without --ray", expected="--ray with them (Ray Serve replicas)",
+                            found=" ".join(given), hint="add --ray, or drop them to serve from this process")
     try:
         from specpack.serve.server import serve
     except ImportError as err:
         raise SpecpackError("`specpack serve` needs the serve extra", expected="starlette, uvicorn, prometheus-client",
                             found=f"{err.name} is not installed", hint="pip install 'specpack[serve]'") from err
     serve(config)  # binds the port, loads the pack (pinned: every file hashed as read), then listens and says where
+
+
+def _serve_on_ray(config: ServeConfig, replicas: int | None, autoscale: str | None, gpus_per_replica: float | None,
+                  cpus_per_replica: float | None, ray_address: str | None) -> None:
+    """`--ray`: the options checked first, then ray looked for (exit 2 without it), then serve_on_ray."""
+    if replicas is not None and autoscale is not None:
+        raise SpecpackError("--replicas and --autoscale together", expected="one of them",
+                            found=f"--replicas {replicas} --autoscale {autoscale}",
+                            hint="--replicas N for a fixed count, --autoscale MIN..MAX to scale on load")
+    given: dict[str, Any] = {"replicas": replicas, "gpus_per_replica": gpus_per_replica,
+                             "cpus_per_replica": cpus_per_replica}
+    scaling = RayScaling(**{name: value for name, value in given.items() if value is not None},  # else its defaults
+                         autoscale=parse_autoscale(autoscale), address=ray_address)
+    try:
+        import ray.serve  # noqa: F401  (only to look for it)
+
+        from specpack.serve.ray_host import serve_on_ray
+    except ImportError as err:
+        raise SpecpackError("`specpack serve --ray` needs the ray extra", expected="ray[serve] 2.60 installed",
+                            found=f"{err.name} is not installed", hint="pip install 'specpack[ray]'") from err
+    serve_on_ray(config, scaling)

@@ -34,6 +34,7 @@ class ServeConfig:
     read_timeout_s: float = 30.0     # a request's head, and then its body, must arrive within this long (408)
     max_connections: int = 256       # open connections; more are answered 503 and closed (the fd budget: descriptors.py)
     manifest_sha256: str | None = None  # the pin: specpack.load refuses any other manifest (docs/security.md)
+    threads: int | None = None       # intra-op threads per session; None: the runtime's (the CPUs this process may use)
 
     def __post_init__(self) -> None:
         if self.k is not None:
@@ -61,6 +62,8 @@ class ServeConfig:
         if not 1 <= self.max_connections <= MAX_CONNECTIONS:
             raise SpecpackError("invalid --max-connections", expected=f"an integer in 1..{MAX_CONNECTIONS}",
                                 found=str(self.max_connections))
+        if self.threads is not None and self.threads < 1:
+            raise SpecpackError("invalid threads", expected="an integer >= 1, or None", found=str(self.threads))
         if not 0 <= self.port < 65536:
             raise SpecpackError("invalid --port", expected="0..65535", found=str(self.port))
 

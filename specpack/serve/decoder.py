@@ -111,6 +111,11 @@ class Decoder:
         self._running: set[asyncio.Future[None]] = set()
         self._mean_s = 1.0  # recent decode time, for Retry-After
 
+    @property
+    def idle(self) -> bool:
+        """Nothing decoding, waiting or being tokenized (a health probe may use the pack without queueing behind a job)."""
+        return not (self._current or self._waiting or self._held)
+
     # --- the event loop's side ---------------------------------------------------------------------------------
 
     def start(self) -> None:

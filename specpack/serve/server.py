@@ -47,7 +47,7 @@ def load_pack(config: ServeConfig) -> Pack:
     from specpack.runtime.backend import BackendOptions
 
     pack = specpack.load(config.pack, device=config.device, ngram=config.ngram, manifest_sha256=config.manifest_sha256,
-                         options=BackendOptions(slots=config.max_batch))  # one KV cache per row of the batch
+                         options=BackendOptions(slots=config.max_batch, threads=config.threads))  # a KV cache per row
     try:
         if config.k is not None:
             check_k(config.k, pack.manifest.k_max, what="--k")
@@ -89,10 +89,11 @@ class SpecpackServer(uvicorn.Server):
 
 def uvicorn_config(app: Any, config: ServeConfig, **options: Any) -> uvicorn.Config:
     """uvicorn's settings for build_app's app: the guarded h11 protocol (connection.py) with the config's limits,
-    and specpack's log lines beside uvicorn's."""
+    specpack's log lines beside uvicorn's, and asyncio's event loop (the one tested; uvicorn's "auto" would take uvloop
+    wherever it is installed, as the ray extra installs it)."""
     limits = ConnectionLimits(config.read_timeout_s, config.max_connections)
     level = str(options.get("log_level", "info")).upper()
-    return uvicorn.Config(app, http=guarded_protocol(limits), lifespan="on", log_config=log_config(level),
+    return uvicorn.Config(app, http=guarded_protocol(limits), lifespan="on", loop="asyncio", log_config=log_config(level),
                           timeout_graceful_shutdown=math.ceil(config.shutdown_grace_s) + BACKSTOP_S, **options)
 
 

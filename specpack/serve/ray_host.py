@@ -1,0 +1,64 @@
+"""`specpack serve PACK --ray`: deploy the pack's app (ray_app.py) on Ray Serve and hold it until SIGINT or SIGTERM.
+
+    check the address (a port in use: exit 2 before Ray starts) -> pin the pack (its manifest's sha256, read now)
+    -> ray.init (a local cluster, or --ray-address) -> serve.start (the HTTP proxy on --host:--port)
+    -> serve.run (returns once every replica loaded the pack and generated a token; a replica that refuses the pack
+       fails the deployment) -> the listening line -> wait for a signal
+    -> delete the app (Ray drains each replica: in-flight requests get --shutdown-grace) -> stop Serve, Ray
+
+Imports ray only inside serve_on_ray (the CLI imports this module lazily too).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+
+from specpack.errors import SpecpackError
+from specpack.serve.config import ServeConfig
+from specpack.serve.ray_config import RayScaling
+from specpack.serve.server import bind_socket, listening_line
+
+APP_NAME = "specpack"
+
+
+def serve_on_ray(config: ServeConfig, scaling: RayScaling) -> None:
+    """Serve the pack from Ray Serve replicas until SIGINT or SIGTERM; then drain and stop."""
+    import ray
+    from ray import serve
+
+    from specpack.serve.ray_app import application
+
+    if config.port == 0:
+        raise SpecpackError("--ray needs a fixed --port", expected="a port in 1..65535 (Ray Serve's proxy binds it)",
+                            found="0")
+    bind_socket(config.host, config.port).close()  # in use, or a bad host: refused now, with a message
+    app = application(config, scaling)  # reads the manifest: a missing or unreadable pack is refused here
+    ray.init(address=scaling.address, include_dashboard=False)
+    stop = _stop_on_signals()
+    try:
+        serve.start(http_options={"host": config.host, "port": config.port})
+        try:
+            serve.run(app, name=APP_NAME, route_prefix="/")
+            count = f"{scaling.autoscale[0]}..{scaling.autoscale[1]}" if scaling.autoscale else str(scaling.replicas)
+            print(f"{listening_line(config, config.port)} (Ray Serve, {count} replicas)", file=sys.stderr, flush=True)
+            stop.wait()
+        finally:
+            serve.delete(APP_NAME)  # each replica drains (graceful_shutdown_timeout_s = --shutdown-grace), then closes
+    finally:
+        if scaling.address is None:  # our own cluster; on a shared one, only our app goes
+            serve.shutdown()
+            ray.shutdown()
+
+
+def _stop_on_signals() -> threading.Event:
+    stop = threading.Event()
+
+    def handle(sig: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handle)
+    return stop
