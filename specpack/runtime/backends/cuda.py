@@ -37,7 +37,7 @@ import threading
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import numpy as np
 
@@ -143,39 +143,42 @@ class DeviceSession:
 
 
 @dataclass
-class _Slot:
-    """One request slot of one model: its cache, staging buffers, sampling inputs and cached bindings."""
+class SlotBase:
+    """What every engine keeps per request slot: its cache, its request's sampling inputs and mode, and the bindings of
+    its run shapes (bound once)."""
 
     cache: DeviceStaticKVCache
-    sampling: dict[str, DeviceArray]                              # temperature, top_k, top_p [1] each
-    ids: dict[int, DeviceArray] = field(default_factory=dict)     # S -> input_ids [1, S] (S <= k_max + 1)
-    positions: dict[int, DeviceArray] = field(default_factory=dict)  # S -> position_ids [1, S]
-    bindings: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # (greedy, S, k) -> IOBinding, bound once
+    sampling: dict[str, DeviceArray]                                    # temperature, top_k, top_p [1] each
+    bindings: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # run shape -> IOBinding, bound once
     greedy: bool = True
 
+    @staticmethod
+    def sampling_buffers(device: str) -> dict[str, DeviceArray]:
+        return {names.TEMPERATURE: DeviceArray((1,), np.float32, device),
+                names.TOP_K: DeviceArray((1,), np.int64, device), names.TOP_P: DeviceArray((1,), np.float32, device)}
 
-class _DeviceModel:
-    """What both models share: per slot a device cache and staging buffers; bind once per run shape, run."""
 
-    def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
+@dataclass
+class _Slot(SlotBase):
+    """One request slot of a model: SlotBase and the staging buffers of its input ids and positions."""
+
+    ids: dict[int, DeviceArray] = field(default_factory=dict)     # S -> input_ids [1, S] (S <= k_max + 1)
+    positions: dict[int, DeviceArray] = field(default_factory=dict)  # S -> position_ids [1, S]
+
+
+SlotT = TypeVar("SlotT", bound=SlotBase)
+
+
+class SlotSessions(Generic[SlotT]):
+    """An engine's two sessions (greedy form, sampling form: each opened on first use) and its slots; a request's
+    mode picks the session at reset."""
+
+    slots: list[SlotT]
+
+    def __init__(self, backend: CudaBackend, entry: ModelEntry | HeadEntry) -> None:
         self.backend, self.entry, self.device = backend, entry, backend.device
-        m = backend.manifest
-        # runs over at most this many tokens have a buffer (and a graph) per S: k_max + 1, or a tree's T_max + 1
-        self.short_max = backend.drafts_max + 1
-        self.vocab = m.vocab_size
-        self.slots = [self._slot() for _ in range(backend.options.slots)]
-        self._long_host = np.zeros((2, 1, m.max_len), np.int64)  # [ids | positions, 1, max_len]: long prefills
-        self._long = [DeviceArray((1, m.max_len), np.int64, self.device) for _ in range(2)]
         self._sessions: dict[bool, DeviceSession] = {}
         self._lock = threading.Lock()
-
-    def _slot(self) -> _Slot:
-        e, m = self.entry, self.backend.manifest
-        cache = DeviceStaticKVCache(e.num_layers, e.kv_heads, e.head_dim, m.max_len, numpy_dtype(e.dtype), self.device)
-        sampling = {names.TEMPERATURE: DeviceArray((1,), np.float32, self.device),
-                    names.TOP_K: DeviceArray((1,), np.int64, self.device),
-                    names.TOP_P: DeviceArray((1,), np.float32, self.device)}
-        return _Slot(cache, sampling)
 
     def session(self, greedy: bool) -> DeviceSession:
         """The greedy form (captured graphs) or the graph as exported (sampling), opened on first use."""
@@ -200,6 +203,27 @@ class _DeviceModel:
         for slot in self.slots:
             slot.bindings.clear()
         self._sessions.clear()
+
+
+class _DeviceModel(SlotSessions[_Slot]):
+    """What both models share: per slot a device cache and staging buffers; bind once per run shape, run."""
+
+    entry: ModelEntry
+
+    def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
+        super().__init__(backend, entry)
+        m = backend.manifest
+        # runs over at most this many tokens have a buffer (and a graph) per S: k_max + 1, or a tree's T_max + 1
+        self.short_max = backend.drafts_max + 1
+        self.vocab = m.vocab_size
+        self.slots = [self._slot() for _ in range(backend.options.slots)]
+        self._long_host = np.zeros((2, 1, m.max_len), np.int64)  # [ids | positions, 1, max_len]: long prefills
+        self._long = [DeviceArray((1, m.max_len), np.int64, self.device) for _ in range(2)]
+
+    def _slot(self) -> _Slot:
+        e, m = self.entry, self.backend.manifest
+        cache = DeviceStaticKVCache(e.num_layers, e.kv_heads, e.head_dim, m.max_len, numpy_dtype(e.dtype), self.device)
+        return _Slot(cache, SlotBase.sampling_buffers(self.device))
 
     def _staging(self, slot: _Slot, n: int) -> tuple[DeviceArray, DeviceArray]:
         if n not in slot.ids:

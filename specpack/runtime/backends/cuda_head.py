@@ -12,29 +12,27 @@ uploads the C + W new ids (a few bytes) and reads back the drawn token, never q 
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specpack import names
 from specpack.contract.manifest import HeadEntry
 from specpack.limits import numpy_dtype
+from specpack.runtime.backends.cuda import SlotBase, SlotSessions
 from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView, bind
 from specpack.runtime.engine import head_rows
 from specpack.runtime.state import DecodeState
 
 if TYPE_CHECKING:
-    from specpack.runtime.backends.cuda import CudaBackend, DeviceSession
+    from specpack.runtime.backends.cuda import CudaBackend
 
 
-@dataclass
-class _HeadSlot:
-    """One request slot of the head: its cache and every buffer a run binds (allocated once)."""
+@dataclass(kw_only=True)
+class _HeadSlot(SlotBase):
+    """One request slot of the head: SlotBase ((C, W, current) -> bound IOBinding) and every buffer a run binds."""
 
-    cache: DeviceStaticKVCache
-    sampling: dict[str, DeviceArray]                            # temperature, top_k, top_p [1] each
     hidden: DeviceArray                                         # [2, 1, 1, H] hidden_in | hidden_out, ping-pong
     q: DeviceArray                                              # [1, k_max, V] fp32, what the verify reads
     token: DeviceArray                                          # [1] int64
@@ -42,61 +40,34 @@ class _HeadSlot:
     draft_id: DeviceArray                                       # [1, 1] int64: x_{t+1} of a drafted row
     long_ids: DeviceArray                                       # [1, max_len] int64: a catch-up past k_max + 1 rows
     ids: dict[int, DeviceArray] = field(default_factory=dict)   # C -> input_ids [1, C] (C <= k_max + 1)
-    bindings: dict[tuple[int, int, int], Any] = field(default_factory=dict)  # (C, W, current) -> bound IOBinding
     current: int = 0                                            # the half of `hidden` that holds hidden_in
-    greedy: bool = True
 
 
-class DeviceHead:
+class DeviceHead(SlotSessions[_HeadSlot]):
     """head_step.onnx (static form): C catch-up rows from the target's features cache and W drafted rows in, one
     drawn token (read back), its q row and hidden_out (left on the device) out."""
 
+    entry: HeadEntry
+
     def __init__(self, backend: CudaBackend, head: HeadEntry, features: list[DeviceArray]) -> None:
         """features: the target engine's features cache per slot [1, 1, max_len, F]."""
+        super().__init__(backend, head)
         m = backend.manifest
-        self.backend, self.entry, self.device, self.features = backend, head, backend.device, features
+        self.features = features
         self.short_max = m.k_max + 1  # catch-ups over at most this many rows are captured (one graph per C)
         self.vocab, self.hidden = m.vocab_size, head.hidden
         dtype = numpy_dtype(head.dtype)
         self.slots = [self._slot(m.max_len, m.k_max, dtype) for _ in range(backend.options.slots)]
         self._long_host = np.zeros((1, m.max_len), np.int64)  # [1, max_len]: staged whole (update_inplace)
-        self._sessions: dict[bool, DeviceSession] = {}
-        self._lock = threading.Lock()
 
     def _slot(self, max_len: int, k_max: int, dtype: np.dtype) -> _HeadSlot:
         h, device = self.entry, self.device
         cache = DeviceStaticKVCache(1, h.kv_heads, h.head_dim, max_len, dtype, device)
-        sampling = {names.TEMPERATURE: DeviceArray((1,), np.float32, device),
-                    names.TOP_K: DeviceArray((1,), np.int64, device), names.TOP_P: DeviceArray((1,), np.float32, device)}
-        return _HeadSlot(cache, sampling, hidden=DeviceArray((2, 1, 1, h.hidden), dtype, device),
+        return _HeadSlot(cache, SlotBase.sampling_buffers(device), hidden=DeviceArray((2, 1, 1, h.hidden), dtype, device),
                          q=DeviceArray((1, k_max, self.vocab), np.float32, device),
                          token=DeviceArray((1,), np.int64, device), uniform=DeviceArray((1,), np.float32, device),
                          draft_id=DeviceArray((1, 1), np.int64, device),
                          long_ids=DeviceArray((1, max_len), np.int64, device))
-
-    def session(self, greedy: bool) -> DeviceSession:
-        """The greedy form (captured) or the graph as exported (sampling), opened on first use."""
-        if greedy not in self._sessions:
-            with self._lock:
-                if greedy not in self._sessions:
-                    self._sessions[greedy] = self.backend.open_session(self.entry, greedy)
-        return self._sessions[greedy]
-
-    def cache(self, slot: int) -> DeviceStaticKVCache:
-        return self.slots[slot].cache
-
-    def reset(self, state: DecodeState) -> None:
-        slot = self.slots[state.slot]
-        slot.cache.reset()
-        slot.greedy = state.params.greedy
-        for name, array in state.sampling_inputs.items():  # [1] each, once per request
-            slot.sampling[name].write(array)
-        self.session(slot.greedy)
-
-    def close(self) -> None:
-        for slot in self.slots:
-            slot.bindings.clear()
-        self._sessions.clear()
 
     def step(self, state: DecodeState, end: int, row: int) -> int:
         slot = self.slots[state.slot]
