@@ -1,15 +1,22 @@
 """The draft head on the GPU in one device call after staging (bench/README.md, "The draft head on the GPU"):
 
     python bench/gpu_head.py --work /tmp/gw --target-gguf T.gguf --prompts HumanEval.jsonl.gz mt_bench_question.jsonl \\
-        --json OUT.json [--train-minutes 6] [--phases train,export,decode,genai]
+        [spec_bench_question.jsonl] --json OUT.json [--train-minutes 6] [--graphs torch|builder]
+        [--phases card,train,export,decode,specbench,genai,trees]
 
 train   `specpack distill --device cuda` on the target (default recipe: Python's standard library + the target's own
         answers to prompts it was given from seed_prompts.py): a probe of PROBE_STEPS steps builds the data and times a
         step, then a fresh run whose step count fits --train-minutes reads the probe's data (its corpus key matches)
-export  `spec-export --draft-head` in the cuda backend's form (static cache, GQA, fp16, k 8, max_len 1024)
+        (with `trees` among the phases, the tree pack's export starts in the background when training starts)
+export  `spec-export --draft-head` in the cuda backend's form (static cache, GQA, fp16, k 8, max_len 2560);
+        --graphs builder: the target is onnxruntime-genai's model builder graph with the features cache added
 decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive, the head at k 1..6 and adaptive,
         prompt lookup at k 4, each prompt's runs back to back; step costs at 256 tokens (c, v(k)); predicted speedups
+specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
+        SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
+trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, torch graphs, static, fp16): prompt
+        lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR
 Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
 """
 
@@ -29,6 +36,13 @@ import gpu
 
 PROBE_STEPS = 20
 K_SWEEP = (1, 2, 3, 4, 6)
+MAX_LEN = 2560
+SPEC_BENCH_PER_CATEGORY = 2
+SPEC_BENCH_MAX_PROMPT = 2048
+TREE_NODES = 16
+TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-4", 4, "off"), ("chain-auto", None, "off"),
+                                                      ("tree-auto", None, "auto"), ("tree-8", None, 8),
+                                                      ("tree-16", None, 16)]
 DISTILL = ["--device", "cuda", "--batch", "8", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
 
 
@@ -51,6 +65,8 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
              str(PROBE_STEPS), *DISTILL, *data)
     state = torch.load(probe / "ckpt" / "latest.pt", map_location="cpu", weights_only=False)
     per_step = float(state["wall_s"]) / PROBE_STEPS
+    if "trees" in args.phases.split(","):  # CPU-bound export beside the training (its own log), after the probe
+        args.tree_export = start_tree_export(args)  # converted the GGUF: the two never convert it at once
     steps = max(50, int(60 * args.train_minutes / per_step))
     log(f"probe: {time.perf_counter() - t0:.0f} s in all, {per_step * 1e3:.0f} ms a step -> {steps} steps")
     (head / "ckpt").mkdir(parents=True, exist_ok=True)
@@ -67,17 +83,19 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
 def phase_export(args: argparse.Namespace, result: dict[str, Any]) -> None:
     work = Path(args.work)
     t0 = time.perf_counter()
+    graphs = ["--graphs", "builder", "--ep", "cuda"] if args.graphs == "builder" else ["--attention", "gqa"]
     specpack("export", "--target", args.target_gguf, "--draft-head", str(work / "head"),
-             "-o", str(work / "pack-head"), "--kv-cache", "static", "--attention", "gqa", "--dtype", "fp16", "--k", "8",
-             "--max-len", "1024", "--dequantize", "--overwrite")
+             "-o", str(work / "pack-head"), "--kv-cache", "static", *graphs, "--dtype", "fp16", "--k", "8",
+             "--max-len", str(MAX_LEN), "--dequantize", "--overwrite")
     result["export_s"] = time.perf_counter() - t0
+    result["export_graphs"] = args.graphs
 
 
 def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
     import specpack as sp
     from specpack.bench.timing import measure_step_costs
 
-    pack = sp.load(Path(args.work) / "pack-head", device="cuda")
+    pack = sp.load(Path(args.work) / "pack-head", device=args.device)
     runs: list[tuple[str, str, int | None]] = [("ar", "head", 0), *((f"head-{k}", "head", k) for k in K_SWEEP),
                                                ("head-auto", "head", None), ("ngram-4", "ngram", 4)]
     prompts = gpu.real_prompts(args)
@@ -95,8 +113,97 @@ def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
         rows.append(row)
         log(f"{prompt.id}: " + ", ".join(f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}" for label, _, _ in runs))
     result["decode"] = {"costs": costs, "prompts": rows, "summary": summarize(rows, costs, runs),
-                        "capture": pack.backend.capture_report()}
+                        "capture": getattr(pack.backend, "capture_report", dict)()}
     log(json.dumps(result["decode"]["summary"], indent=1))
+    pack.close()
+
+
+def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Per Spec-Bench category: AR, the head at k 2 and adaptive, prompt lookup k 4 (greedy, 128 tokens)."""
+    import specpack as sp
+    from specpack.prompts import read_prompts
+
+    files = [p for p in args.prompts if "spec_bench" in p]
+    pack = sp.load(Path(args.work) / "pack-head", device=args.device)
+    runs: list[tuple[str, str, int | None]] = [("ar", "head", 0), ("head-2", "head", 2), ("head-auto", "head", None),
+                                               ("ngram-4", "ngram", 4)]
+    rows, skipped = [], 0
+    for prompt in read_prompts(files, SPEC_BENCH_PER_CATEGORY):
+        ids = pack.encode(prompt.text, chat=prompt.chat)
+        if len(ids) > SPEC_BENCH_MAX_PROMPT:
+            skipped += 1
+            continue
+        row: dict[str, Any] = {"id": prompt.id, "category": prompt.category, "prompt_tokens": len(ids)}
+        for label, drafter, k in runs:
+            out = pack.generate(ids, 128, k=k, drafter=drafter)
+            row[label] = {"tokens": out.tokens, "stats": dict(out.stats)}
+        row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in runs}
+        rows.append(row)
+        log(f"{prompt.id} ({prompt.category}): " + ", ".join(
+            f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}" for label, _, _ in runs))
+    categories: dict[str, Any] = {}
+    for category in sorted({r["category"] for r in rows}):
+        part = [r for r in rows if r["category"] == category]
+        ar = _rate(part, "ar")
+        categories[category] = {"prompts": len(part), "ar_tokens_per_s": ar, **{
+            label: {"speedup": _rate(part, label) / ar, "identical": sum(r["identical"][label] for r in part)}
+            for label, _, _ in runs[1:]}}
+    result["specbench"] = {"rows": rows, "categories": categories, "skipped_long": skipped,
+                           "per_category": SPEC_BENCH_PER_CATEGORY, "max_prompt": SPEC_BENCH_MAX_PROMPT}
+    log(json.dumps(categories, indent=1))
+    pack.close()
+
+
+def _rate(part: list[dict[str, Any]], label: str) -> float:
+    """New tokens after the first over decode time, summed over the rows (stats.py's tokens_per_s, pooled)."""
+    tokens = sum(r[label]["stats"]["new_tokens"] - 1 for r in part)
+    return tokens / sum(r[label]["stats"]["decode_s"] for r in part)
+
+
+def start_tree_export(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """The prompt-lookup tree pack's export, started in the background (log: WORK/tree-export.log)."""
+    work = Path(args.work)
+    log_file = (work / "tree-export.log").open("wb")
+    return subprocess.Popen([sys.executable, "-m", "specpack", "export", "--target", args.target_gguf,
+                             "--drafter", "ngram", "-o", str(work / "pack-tree"), "--kv-cache", "static",
+                             "--attention", "standard", "--dtype", "fp16", "--k", "8", "--max-len", "1024",
+                             "--max-tree-nodes", str(TREE_NODES), "--dequantize", "--overwrite"],
+                            stdout=log_file, stderr=subprocess.STDOUT)
+
+
+def phase_trees(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Prompt lookup, chains vs trees, on the tree pack (exported beside the training)."""
+    import specpack as sp
+
+    proc = getattr(args, "tree_export", None)
+    if proc is None and not (Path(args.work) / "pack-tree" / "manifest.json").is_file():
+        proc = start_tree_export(args)
+    code = 0 if proc is None else proc.wait()
+    if code:
+        tail = (Path(args.work) / "tree-export.log").read_text(errors="replace")[-2000:]
+        raise RuntimeError(f"tree export exit {code}: {tail}")
+    pack = sp.load(Path(args.work) / "pack-tree", device=args.device)
+    encoded = [(p, pack.encode(p.text, chat=p.chat)) for p in gpu.real_prompts(args)]
+    for _, k, tree in TREE_RUNS:
+        pack.generate(encoded[0][1], 32, k=k, drafter="ngram", tree=tree)  # type: ignore[arg-type]
+    rows = []
+    for prompt, ids in encoded:
+        row: dict[str, Any] = {"id": prompt.id}
+        for label, k, tree in TREE_RUNS:
+            out = pack.generate(ids, 128, k=k, drafter="ngram", tree=tree)  # type: ignore[arg-type]
+            row[label] = {"tokens": out.tokens, "stats": dict(out.stats)}
+        row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in TREE_RUNS}
+        rows.append(row)
+        log(f"{prompt.id}: " + ", ".join(f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}"
+                                         for label, _, _ in TREE_RUNS))
+    ar = _rate(rows, "ar")
+    summary = {"ar_tokens_per_s": ar, **{label: {
+        "tokens_per_s": _rate(rows, label), "speedup": _rate(rows, label) / ar,
+        "tau": sum(r[label]["stats"]["new_tokens"] for r in rows) / max(1, sum(r[label]["stats"]["steps"] for r in rows)),
+        "identical": sum(r["identical"][label] for r in rows)} for label, _, _ in TREE_RUNS[1:]}}
+    result["trees"] = {"nodes": TREE_NODES, "rows": rows, "summary": summary,
+                       "capture": getattr(pack.backend, "capture_report", dict)()}
+    log(json.dumps(summary, indent=1))
     pack.close()
 
 
@@ -112,8 +219,7 @@ def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], runs: list[tupl
             continue
 
         def rate(label: str, part: list[dict[str, Any]] = part) -> float:
-            tokens = sum(r[label]["stats"]["new_tokens"] - 1 for r in part)  # after the first (stats.py)
-            return tokens / sum(r[label]["stats"]["decode_s"] for r in part)
+            return _rate(part, label)
 
         ar = rate("ar")
         entry: dict[str, Any] = {"ar_tokens_per_s": ar}
@@ -159,6 +265,8 @@ def main() -> None:
     parser.add_argument("--train-minutes", type=float, default=6.0)
     parser.add_argument("--data", default="--self-prompts 512 --stdlib-tokens 2000000",
                         help="the distill data options (the first run: 512 prompts answered, 2 M stdlib tokens)")
+    parser.add_argument("--graphs", choices=("torch", "builder"), default="torch", help="the head pack's target graph")
+    parser.add_argument("--device", default="cuda", help="where the packs run (cpu: a dry run of the decode phases)")
     parser.add_argument("--phases", default="card,train,export,decode,genai")
     args = parser.parse_args()
     args.k, args.quantize, args.spec_only, args.rebuild_spec = 4, "none", False, False  # what gpu.phase_genai reads
@@ -167,7 +275,8 @@ def main() -> None:
     result: dict[str, Any] = json.loads(out.read_text()) if out.exists() else {}
     phases = {"card": lambda: result.__setitem__("card", gpu.card()), "train": lambda: phase_train(args, result),
               "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
-              "genai": lambda: phase_genai(args, result)}
+              "genai": lambda: phase_genai(args, result), "specbench": lambda: phase_specbench(args, result),
+              "trees": lambda: phase_trees(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:

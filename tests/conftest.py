@@ -175,20 +175,21 @@ def tiny_ngram_pack(tiny_pairs: PairFactory, tiny_export: Callable[..., Path]) -
 
 @pytest.fixture(scope="session")
 def tiny_head(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., tuple[Path, Path]]:
-    """(family="qwen2", steps=120) -> (head_dir, target_dir): a head distilled from the tiny target on
-    tiny_head_corpus, on the CPU (about 5 s)."""
+    """(family="qwen2", steps=120, **pair) -> (head_dir, target_dir): a head distilled from the tiny target on
+    tiny_head_corpus, on the CPU (about 5 s); pair: tiny_pairs' options (e.g. head_dim=16 for GroupQueryAttention)."""
 
-    def make(family: str = "qwen2", steps: int = 120) -> tuple[Path, Path]:
+    def make(family: str = "qwen2", steps: int = 120, **pair: int) -> tuple[Path, Path]:
         from specpack.distill.config import DistillConfig
         from specpack.distill.trainer import distill
 
-        target = tiny_pairs(family)[1]
+        target = tiny_pairs(family, **pair)[1]
 
         def build(root: Path) -> None:
             data = tiny_head_corpus(root / "corpus.txt")
             distill(str(target), root / "head", DistillConfig(steps=steps, data=(str(data),), **TINY_HEAD_SETTINGS))
 
-        return tiny_store.get(("head", family, steps, *sorted(TINY_HEAD_SETTINGS.items())), build) / "head", target
+        key = ("head", family, steps, *sorted(TINY_HEAD_SETTINGS.items()), *sorted(pair.items()))
+        return tiny_store.get(key, build) / "head", target
 
     return make
 
@@ -199,11 +200,13 @@ def tiny_head_pack(tiny_head: Callable[..., tuple[Path, Path]], tiny_store: Buil
     """(family="qwen2", kv_cache="concat") -> (pack_dir, head_dir, target_dir): `spec-export --target T --draft-head
     HEAD` (k 4) in that KV form (static: the head reads the target's features cache; the cuda backend's form)."""
 
-    def make(family: str = "qwen2", kv_cache: str = "concat", **form: str) -> tuple[Path, Path, Path]:
-        """form: more ExportConfig fields (e.g. dtype="fp16", attention="gqa": the GPU's form)."""
+    def make(family: str = "qwen2", kv_cache: str = "concat", head_dim: int | None = None, **form: str
+             ) -> tuple[Path, Path, Path]:
+        """form: more ExportConfig fields (e.g. dtype="fp16", attention="gqa": the GPU's form); head_dim: the tiny
+        pair's (16 for the model builder's GroupQueryAttention)."""
         from specpack.export.pipeline import ExportConfig, export_pack
 
-        head, target = tiny_head(family)
+        head, target = tiny_head(family, **({} if head_dim is None else {"head_dim": head_dim}))
 
         def build(root: Path) -> None:
             export_pack(None, str(target), root / "pack", ExportConfig(isolate=False, k=4, draft_head=str(head),

@@ -25,6 +25,21 @@ TEMPLATES = (
     "Write a letter to a friend describing a day spent looking for a lost {word}.",
     "Refactor this idea into clean Python: a class that caches the results of {topic} calls with a size limit.",
     "Give a step by step plan for learning about {word}, with one exercise per step.",
+    "Pretend you are a tour guide in a town famous for its {word}. Greet a group of visitors and show them around.",
+    "A shop sells {word}s for 7 dollars each and gives one free for every four bought. How much do 13 cost? Reason "
+    "it out carefully.",
+    "From this note, pull out every name, date and amount as JSON: 'On 3 May, Ana paid 40 euros for a {word}; on 9 "
+    "May, Tom paid 25.'",
+    "Explain to a curious teenager the physics behind a {word}, using one everyday comparison.",
+    "Describe how the history of the {word} changed daily life, in three short paragraphs.",
+    "Summarize the main trade-offs of the Python {topic} module for a code review, in under one hundred words.",
+    "Answer briefly, then justify: is a {word} more like a tool or more like a place? Give two arguments each way.",
+    "Write a haiku and then a limerick about a {word}, and explain which form suits the subject better.",
+    "Debug this plan: someone wants to store every {word} record in one global Python list shared by threads. What "
+    "goes wrong, and what should they do instead?",
+    "Write a SQL schema and two example queries for an app that tracks {word}s and their owners.",
+    "Rewrite this sentence in a formal tone and then in a playful tone: the {word} broke again this morning.",
+    "List five questions an interviewer might ask about the Python {topic} module, with a model answer to each.",
 )
 WORDS = ("lighthouse", "bicycle", "garden", "violin", "river", "robot", "market", "library", "kite", "glacier",
          "bakery", "compass", "telescope", "harbor", "orchard", "festival", "volcano", "lantern", "meadow", "train")

@@ -142,10 +142,11 @@ def builder_options(method: str, execution_provider: str) -> tuple[str | None, d
 
 
 def build_plain_graph(model_dir: Path, work: Path, dtype: str, execution_provider: str,
-                      method: str = modes.NONE) -> tuple[Path, dict[str, Any] | None]:
+                      method: str = modes.NONE, taps: tuple[int, ...] = ()) -> tuple[Path, dict[str, Any] | None]:
     """Run the model builder on `model_dir` into the folder `work` and rename its graph to our contract;
     returns the plain graph (work/model.onnx, weights in work/model.onnx.data) and, for a weight-only
-    `method`, its quantization record for the manifest (None when not quantized)."""
+    `method`, its quantization record for the manifest (None when not quantized). With `taps` (a head pack's
+    target), the graph also writes the features the head reads into its features cache (builder_features.py)."""
     import time
 
     from onnxruntime_genai.models import builder
@@ -164,7 +165,12 @@ def build_plain_graph(model_dir: Path, work: Path, dtype: str, execution_provide
     if not plain.is_file():
         raise SpecpackError(f"the model builder wrote no {MODEL_FILE}", expected=str(plain),
                             found=", ".join(sorted(p.name for p in work.iterdir())))
-    rename_to_contract(plain, json.loads((work / GENAI_CONFIG).read_text(encoding="utf-8")))
+    genai_config = json.loads((work / GENAI_CONFIG).read_text(encoding="utf-8"))
+    rename_to_contract(plain, genai_config)
+    if taps:
+        from specpack.export.builder_features import add_features_cache
+
+        add_features_cache(plain, taps, int(genai_config["model"]["decoder"]["hidden_size"]))
     if quantized is None:
         return plain, None
     return plain, quantization_record(plain, method, extra, time.perf_counter() - start)

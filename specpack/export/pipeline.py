@@ -136,7 +136,8 @@ def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGra
             with phase(f"building the {role} ({model_dir.name}) with onnxruntime-genai's model builder"
                        + ("" if method == modes.NONE else f", {method} weights"), _log):
                 path, record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
-                                          config.dtype, config.execution_provider, method)
+                                          config.dtype, config.execution_provider, method,
+                                          sources.taps if role == "target" else ())
             graphs[role] = Graph(path, record)
             continue
         path = work / f"{role}.onnx"
@@ -228,9 +229,6 @@ def _check_draft_source(draft_src: str | None, config: ExportConfig) -> None:
             found = f"--draft {draft_src}" if draft_src is not None else f"--drafter {drafter}"
             raise SpecpackError("--draft-head makes a pack whose drafter is the head", expected="--draft-head HEAD "
                                 "without --draft or --drafter", found=f"--draft-head with {found}")
-        if config.graphs == "builder":
-            raise SpecpackError("--draft-head needs the torch graphs so far", expected="--graphs torch",
-                                found="--graphs builder", hint="docs/heads.md, 'What remains'")
         return
     if (draft_src is None) != (drafter == "ngram"):
         raise SpecpackError("--draft and --drafter disagree",
@@ -262,13 +260,14 @@ def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_
     export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache)
 
 
-def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str,
-                 method: str) -> tuple[Path, dict[str, Any] | None]:
+def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str, method: str,
+                 taps: tuple[int, ...] = ()) -> tuple[Path, dict[str, Any] | None]:
     """Stages 1 and 2 with --graphs builder: onnxruntime-genai's model builder (quantizing as it builds for
-    int4 / int8), renamed to our contract; the graph and its quantization record."""
+    int4 / int8), renamed to our contract; the graph and its quantization record. `taps`: a head pack's target
+    also writes the head's features (builder_features.py)."""
     from specpack.export.builder_export import build_plain_graph
 
-    return build_plain_graph(model_dir, work, dtype, execution_provider, method)
+    return build_plain_graph(model_dir, work, dtype, execution_provider, method, taps)
 
 
 def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:
