@@ -43,7 +43,7 @@ TREE_NODES = 16
 TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-4", 4, "off"), ("chain-auto", None, "off"),
                                                       ("tree-auto", None, "auto"), ("tree-8", None, 8),
                                                       ("tree-16", None, 16)]
-DISTILL = ["--device", "cuda", "--batch", "8", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
+DISTILL = ["--device", "cuda", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
 
 
 def log(line: str) -> None:
@@ -60,7 +60,7 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
     work = Path(args.work)
     probe, head = work / "head-probe", work / "head"
     t0 = time.perf_counter()
-    data = args.data.split()
+    data = [*args.data.split(), "--batch", str(args.train_batch)]
     specpack("distill", "--target", args.target_gguf, "-o", str(probe), "--steps", "100000", "--stop-at",
              str(PROBE_STEPS), *DISTILL, *data)
     state = torch.load(probe / "ckpt" / "latest.pt", map_location="cpu", weights_only=False)
@@ -266,6 +266,7 @@ def main() -> None:
     parser.add_argument("--data", default="--self-prompts 512 --stdlib-tokens 2000000",
                         help="the distill data options (the first run: 512 prompts answered, 2 M stdlib tokens)")
     parser.add_argument("--graphs", choices=("torch", "builder"), default="torch", help="the head pack's target graph")
+    parser.add_argument("--train-batch", type=int, default=8, help="distill --batch (sequences of 512 tokens a step)")
     parser.add_argument("--device", default="cuda", help="where the packs run (cpu: a dry run of the decode phases)")
     parser.add_argument("--phases", default="card,train,export,decode,genai")
     args = parser.parse_args()

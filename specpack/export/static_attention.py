@@ -350,5 +350,6 @@ def tree_positions(position_ids: torch.Tensor, anc: torch.Tensor) -> torch.Tenso
     sits where it would sit on its own root path. The root is row S - T - 1; a chain gets its own positions back."""
     seq, nodes = position_ids.shape[1], anc.shape[0]
     root = position_ids[:, seq - nodes - 1: seq - nodes]  # [1, 1]
-    depth = anc.sum(dim=1).view(1, -1)  # [1, T] 1 for the root's children
+    depth = anc.sum(dim=1, keepdim=True).view(1, -1)  # [1, T] 1 for the root's children (keepdim: the CUDA EP
+    # refuses a ReduceSum without keepdims over an empty axis, as a chain step with T = 0 gives)
     return torch.cat([position_ids[:, : seq - nodes], root + depth], dim=1)

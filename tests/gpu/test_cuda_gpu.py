@@ -158,3 +158,55 @@ def test_head_sampling_on_the_gpu_has_the_targets_distribution(head_dirs: tuple[
     pack = specpack.load(head_dirs[0], device="cuda")
     p = device_head_pvalue(pack, head_dirs, broken)
     assert (p < P_FAIL) if broken else (p > P_FAIL)
+
+
+REPEATED = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"  # prompt lookup finds several matches: tries of width > 1
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_trees_on_the_gpu_give_the_targets_greedy_tokens(tiny_export, dtype: str) -> None:
+    """A tree pack (16 nodes, standard attention) on the CUDA EP: the target alone's tokens through the tree verify
+    graph with k 0 (a chain of no nodes), chains, n-gram tries sized by the policy and fixed sizes; the cache's
+    accepted path moved on the device (kv_compact.onnx)."""
+    pack_dir = tiny_export("qwen2", None, k=4, max_len=64, kv_cache="static", drafter="ngram", max_tree_nodes=16,
+                           dtype=dtype)
+    pack = specpack.load(pack_dir, device="cuda")
+    try:
+        for prompt in [REPEATED, "def add(a, b):"]:
+            alone = pack.generate(prompt, 32, k=0, tree="off").tokens
+            for k, tree in ((4, "off"), (None, "off"), (None, "auto"), (None, 8), (None, 16)):
+                got = pack.generate(prompt, 32, k=k, drafter="ngram", tree=tree)
+                assert got.tokens == alone, (prompt, k, tree)
+        report = pack.backend.capture_report()  # type: ignore[attr-defined]
+        print(f"trees {dtype}: {report}")
+    finally:
+        pack.close()
+
+
+@pytest.fixture(scope="module")
+def builder_head_dirs(tiny_head_pack) -> tuple[Path, Path, Path]:
+    """A head pack on the model builder's fp16 CUDA graphs (GroupQueryAttention: head_dim 16)."""
+    pytest.importorskip("onnxruntime_genai")
+    return tiny_head_pack("qwen2", kv_cache="static", head_dim=16, graphs="builder", dtype="fp16",
+                          execution_provider="cuda")
+
+
+def test_the_head_on_builder_graphs_drafts_the_targets_greedy_tokens(builder_head_dirs: tuple[Path, Path, Path]
+                                                                       ) -> None:
+    """The head pack whose target is the model builder's graph (features cache added) on the CUDA EP: the target
+    alone's tokens at every k, both graphs captured."""
+    pack = specpack.load(builder_head_dirs[0], device="cuda")
+    try:
+        long_ids = np.random.default_rng(4).integers(0, pack.tokenizer.vocab_size - 8, 60).tolist()
+        accepted = 0
+        for prompt in ["def add(a, b):", [5], long_ids]:
+            alone = pack.generate(prompt, 40, k=0).tokens
+            for k in (1, 4, None):
+                got = pack.generate(prompt, 40, k=k, drafter="head")
+                assert got.tokens == alone, (prompt, k)
+                accepted += got.stats["accepted"]
+        report = pack.backend.capture_report()  # type: ignore[attr-defined]
+        print(f"builder head fp16: {report}, accepted {accepted}")
+        assert accepted > 0 and report["target"]["capture"] and report["draft"]["capture"], report
+    finally:
+        pack.close()
