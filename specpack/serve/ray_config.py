@@ -13,6 +13,10 @@ from specpack.errors import SpecpackError
 
 MAX_REPLICAS = 1024
 AUTOSCALE = re.compile(r"^(\d+)\.\.(\d+)$")
+# Ray's controller finds a dead replica only when a health check of it fails: checks every 2 s (Ray's default 10 s)
+# start a replacement sooner; each check of an idle replica generates one token (probe.py)
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_TIMEOUT_S = 30.0  # above probe.PROBE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -46,8 +50,8 @@ class RayScaling:
             "max_ongoing_requests": max_batch + max_queue,
             "graceful_shutdown_timeout_s": shutdown_grace_s,  # in-flight requests finish, then the decoder aborts the rest
             "graceful_shutdown_wait_loop_s": 0.5,
-            "health_check_period_s": 10.0,
-            "health_check_timeout_s": 30.0,
+            "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+            "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
         }
         if self.autoscale is None:
             options["num_replicas"] = self.replicas
