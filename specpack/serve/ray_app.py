@@ -93,7 +93,7 @@ def application(config: ServeConfig, scaling: RayScaling) -> Application:
 CONFIG_ARGS = {f.name: f for f in dataclasses.fields(ServeConfig)
                if f.name in ("pack", "device", "model_name", "max_queue", "max_batch", "timeout_s", "shutdown_grace_s",
                              "max_body_bytes", "read_timeout_s", "manifest_sha256")}
-SCALING_ARGS = ("replicas", "autoscale", "gpus_per_replica", "cpus_per_replica")
+SCALING_ARGS = ("replicas", "autoscale", "gpus_per_replica", "cpus_per_replica", "upscale_delay_s", "downscale_delay_s")
 
 
 def from_args(args: dict[str, Any]) -> Application:
@@ -107,8 +107,14 @@ def from_args(args: dict[str, Any]) -> Application:
     config = ServeConfig(**{name: _typed(name, value) for name, value in args.items() if name in CONFIG_ARGS})
     scaling = RayScaling(replicas=int(args.get("replicas", 1)), autoscale=parse_autoscale(args.get("autoscale")),
                          gpus_per_replica=float(args.get("gpus_per_replica", 0)),
-                         cpus_per_replica=float(args.get("cpus_per_replica", 1)))
+                         cpus_per_replica=float(args.get("cpus_per_replica", 1)),
+                         upscale_delay_s=_seconds(args.get("upscale_delay_s")),
+                         downscale_delay_s=_seconds(args.get("downscale_delay_s")))
     return application(config, scaling)
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value in (None, "") else float(value)
 
 
 def _typed(name: str, value: Any) -> Any:

@@ -227,3 +227,48 @@ def test_a_replica_killed_under_load(ray_url: str, pack_dir: Path) -> None:
               f"({sorted((o.kind, type(o.error).__name__) for o in failed)}), recovered in {recovered - killed:.1f} s")
     finally:
         serve.delete(APP)
+
+
+@pytest.mark.slow
+def test_autoscaling_from_one_to_two_replicas_under_load_and_back(ray_url: str, pack_dir: Path) -> None:
+    # target 1 ongoing request per replica (--max-batch 1); 3 clients streaming at all times need 2 replicas
+    scaling = RayScaling(autoscale=(1, 2), upscale_delay_s=1.0, downscale_delay_s=2.0)
+    serve.run(application(ServeConfig(pack_dir, model_name=MODEL, max_queue=8), scaling), name=APP, route_prefix="/")
+    try:
+        reference = specpack.load(pack_dir)
+        want = reference.generate(PROMPT, KILL_TOKENS).text
+        reference.close()
+        client = openai.OpenAI(base_url=f"{ray_url}/v1", api_key="unused", max_retries=0, timeout=CLIENT_TIMEOUT_S)
+        assert _running() == 1
+        stop = threading.Event()
+        outcomes: list[Outcome] = []
+
+        def load() -> None:
+            while not stop.is_set():
+                outcomes.append(_request(client, "stream"))
+
+        start = time.monotonic()
+        with ThreadPoolExecutor(3) as pool:
+            loads = [pool.submit(load) for _ in range(3)]
+            while _running() < 2:
+                assert time.monotonic() - start < 60, "no second replica after 60 s of load"
+                time.sleep(0.2)
+            up = time.monotonic()
+            served = len(outcomes)
+            while len(outcomes) < served + 8:  # both replicas under load
+                time.sleep(0.1)
+            stop.set()
+            for f in loads:
+                f.result()
+        idle = time.monotonic()
+        while _running() > 1 or len(_alive_replicas()) > 1:  # the second one drained and gone
+            assert time.monotonic() - idle < 60, "still 2 replicas 60 s after the load stopped"
+            time.sleep(0.2)
+        down = time.monotonic()
+        assert [(o.text, o.error) for o in outcomes] == [(want, None)] * len(outcomes)  # nothing lost either way
+        out = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=KILL_TOKENS, temperature=0)
+        assert out.choices[0].text == want  # the one left serves
+        print(f"autoscale: 1 -> 2 after {up - start:.1f} s of load, 2 -> 1 {down - idle:.1f} s after it stopped, "
+              f"{len(outcomes)} requests")
+    finally:
+        serve.delete(APP)
