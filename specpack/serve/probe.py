@@ -14,6 +14,7 @@ if TYPE_CHECKING:
 
 PROBE_IDS = (0,)        # one token id, in every vocabulary; the probe's text is never shown
 PROBE_TIMEOUT_S = 20.0  # under Ray Serve's health_check_timeout_s (30 s by default)
+STALL_S = 60.0  # while requests decode: no text for this long fails the probe (above any prompt's prefill)
 
 
 def generate_one_token(pack: Pack) -> None:
@@ -25,13 +26,18 @@ def generate_one_token(pack: Pack) -> None:
                             found=f"{len(out.tokens)} tokens, finish_reason {out.finish_reason!r}")
 
 
-async def check_pack(pack: Pack, decoder: Decoder, timeout_s: float = PROBE_TIMEOUT_S) -> None:
-    """Raise unless the replica can serve: not draining, and, while no request uses the pack, one token generated
-    within timeout_s (in a thread: the event loop goes on serving). While requests decode the pack is not probed:
-    their own errors reach their clients (what remains: a progress watchdog for a decode that hangs)."""
+async def check_pack(pack: Pack, decoder: Decoder, timeout_s: float = PROBE_TIMEOUT_S, stall_s: float = STALL_S) -> None:
+    """Raise unless the replica can serve: not draining; while no request uses the pack, one token generated within
+    timeout_s (in a thread: the event loop goes on serving); while requests decode, the pack is not probed (their own
+    errors reach their clients) but it must have made progress (a job started or ended, or text came) within stall_s:
+    a decode that hangs holds its worker for good, and a cancel it never reads cannot free it."""
     if decoder.draining:
         raise SpecpackError("the replica is shutting down", expected="a serving replica", found="draining")
     if not decoder.idle:
+        stalled = decoder.stalled_s
+        if stalled is not None and stalled > stall_s:
+            raise SpecpackError("the pack made no progress while decoding", expected=f"text within {stall_s:g} s",
+                                found=f"none for {stalled:.1f} s", hint="the pack's device may be hung")
         return
     try:
         await asyncio.wait_for(asyncio.to_thread(generate_one_token, pack), timeout_s)
