@@ -1,12 +1,14 @@
 """The same OpenAI-compatible app (app.py's build_app) hosted by Ray Serve replicas instead of uvicorn alone.
 
-    client ── Ray Serve's HTTP proxy (routes, queues past max_ongoing_requests, retries nothing mid-stream)
+    client ── Ray Serve's HTTP proxy (routes, queues past max_ongoing_requests, retries nothing mid-stream;
+                 │ ray_proxy.py's middleware: a request whose replica died ends with an OpenAI error)
                  │ one of N replicas (actors, each a process; on any node of the cluster)
                  ▼
     PackReplica: __init__   specpack.load(pack, manifest_sha256=PIN) (server.load_pack: every file hashed as read),
                             one token generated, build_app(pack, config)
                  __serve_build_asgi_app__ -> that app: the same routes, errors, streaming, queue and metrics
-                 check_health   the pack generates one token while idle (probe.py); fails while draining
+                 check_health   the pack generates one token while idle, makes progress while busy (probe.py);
+                                fails while draining
                  shutdown       Ray stops routing to it and waits up to graceful_shutdown_timeout_s (--shutdown-grace)
                                 for in-flight requests; then the app's lifespan closes the decoder (what is left gets a
                                 503, in its stream if one started), and the pack is closed
