@@ -9,6 +9,8 @@ own (app.py: an error object; inside a started stream, an error event, then `dat
     the proxy returned ── no http.response.start sent ──────────> 503 OpenAI error object, Retry-After: 1
                      └─── an event stream started, not ended ───> data: {"error": ...}  data: [DONE]  (body ended)
                      └─── anything else (ended, or not a stream) ─> as the proxy left it
+    the proxy's own refusal (a text/plain 4xx/5xx: 503 no replica up, 408 request_timeout_s, 429 max_queued_requests)
+                          ─> the same status and headers (Retry-After), its text in an OpenAI error object (http_STATUS)
 
 The official openai client retries the 503 (max_retries, after Retry-After) and raises APIError from the error event.
 
@@ -42,11 +44,12 @@ CUT_STREAM = APIError(503, "the replica serving this stream stopped mid-way (Ray
 
 def middlewares() -> list[Middleware]:
     """Ray's proxy callback (PROXY_CALLBACK): the middlewares its HTTP proxy wraps its app in."""
-    return [Middleware(ReplicaLossMiddleware)]
+    return [Middleware(ProxyErrorsMiddleware)]
 
 
-class ReplicaLossMiddleware:
-    """Finishes a response that Ray's proxy left unstarted or cut (the module's docstring says how)."""
+class ProxyErrorsMiddleware:
+    """Finishes a response that Ray's proxy left unstarted or cut, and puts Ray's own plain-text refusals in OpenAI's
+    error object (the module's docstring says how)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -56,15 +59,25 @@ class ReplicaLossMiddleware:
             await self.app(scope, receive, send)
             return
         started = ended = stream = False
+        refusal: Message | None = None  # Ray's own plain-text refusal: its start, held until its text has come
+        text = b""
 
         async def watch(message: Message) -> None:
-            nonlocal started, ended, stream
+            nonlocal started, ended, stream, refusal, text
             if message["type"] == "http.response.start":
                 started = True
-                stream = any(name.lower() == b"content-type" and value.startswith(b"text/event-stream")
-                             for name, value in message.get("headers", ()))
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                ended = True
+                kind = dict((name.lower(), value) for name, value in message.get("headers", ())).get(b"content-type", b"")
+                stream = kind.startswith(b"text/event-stream")
+                if message["status"] >= 400 and kind.startswith(b"text/plain"):  # the app's errors are JSON
+                    refusal = message
+                    return
+            elif message["type"] == "http.response.body":
+                ended = not message.get("more_body", False)
+                if refusal is not None:
+                    text += message.get("body", b"")
+                    if ended:
+                        await _as_error_object(refusal, text)(scope, receive, send)
+                    return
             await send(message)
 
         try:
@@ -74,6 +87,18 @@ class ReplicaLossMiddleware:
         if not started:
             response = JSONResponse(UNANSWERED.body(), status_code=UNANSWERED.status, headers=UNANSWERED.headers)
             await response(scope, receive, send)
+        elif refusal is not None and not ended:
+            await _as_error_object(refusal, text)(scope, receive, send)
         elif stream and not ended:
             body = sse(CUT_STREAM.body()) + sse("[DONE]")
             await send({"type": "http.response.body", "body": body.encode(), "more_body": False})
+
+
+def _as_error_object(start: Message, text: bytes) -> JSONResponse:
+    """Ray's plain-text refusal (its status, its headers such as Retry-After) with its text as an OpenAI error."""
+    status = int(start["status"])
+    err = APIError(status, text.decode("utf-8", "replace").strip() or f"Ray Serve answered {status}",
+                   type="server_error" if status >= 500 else "invalid_request_error", code=f"http_{status}")
+    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in start.get("headers", ())
+               if name.lower() not in (b"content-type", b"content-length")}
+    return JSONResponse(err.body(), status_code=status, headers=headers)

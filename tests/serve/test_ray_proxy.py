@@ -1,8 +1,9 @@
 """ray_proxy.py's middleware under uvicorn, around an ASGI app that fails as Ray Serve's proxy does when the replica
 under a request dies (ray 2.60, proxy.py `send_request_to_replica`): it returns without a response message, or stops a
-started stream without its last body message. Both, every run, with the official openai client; the kill test in
-test_ray_serve.py shows the same through a real Ray proxy and a killed replica, where which of the two happens is
-up to timing. Needs no ray.
+started stream without its last body message; and that refuses as Ray's proxy refuses on its own (http_util.py
+`convert_object_to_asgi_messages`: a text/plain body). Each, every run, with the official openai client; the kill
+test in test_ray_serve.py shows the first two through a real Ray proxy and a killed replica, where which of them
+happens is up to timing. Needs no ray.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from specpack.serve.ray_proxy import ReplicaLossMiddleware
+from specpack.serve.ray_proxy import ProxyErrorsMiddleware
 
 COMPLETION = {"id": "cmpl-1", "object": "text_completion", "created": 0, "model": "tiny",
               "choices": [{"index": 0, "text": "ok", "logprobs": None, "finish_reason": "stop"}]}
@@ -33,6 +34,7 @@ class LosingProxy:
     def __init__(self) -> None:
         self.unanswered = 0
         self.calls = 0
+        self.refuse = False  # answer as Ray's back-pressure does: 429, Retry-After, plain text
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.calls += 1
@@ -43,6 +45,12 @@ class LosingProxy:
             if not message.get("more_body"):
                 break
         if self.calls <= self.unanswered:
+            return
+        if self.refuse:
+            await send({"type": "http.response.start", "status": 429, "headers": [
+                (b"content-type", b"text/plain; charset=utf-8"), (b"content-length", b"31"), (b"retry-after", b"2")]})
+            await send({"type": "http.response.body", "body": b"Request dropped due to backpres", "more_body": True})
+            await send({"type": "http.response.body", "body": b"sure"})
             return
         if json.loads(body).get("stream"):
             await send({"type": "http.response.start", "status": 200,
@@ -61,7 +69,7 @@ def proxy() -> Iterator[tuple[str, LosingProxy]]:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(ReplicaLossMiddleware(inner), host="127.0.0.1", port=port,
+    server = uvicorn.Server(uvicorn.Config(ProxyErrorsMiddleware(inner), host="127.0.0.1", port=port,
                                            lifespan="off", log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -112,3 +120,18 @@ def test_a_cut_stream_ends_with_an_error_event(proxy: tuple[str, LosingProxy]) -
     request = urllib.request.Request(f"{url}/v1/completions", data=json.dumps({"stream": True}).encode())
     with urllib.request.urlopen(request, timeout=10) as raw:  # the whole body: it ends, and well-formed
         assert raw.read().decode().endswith("data: [DONE]\n\n")
+
+
+def test_rays_own_refusal_becomes_an_openai_error_object(proxy: tuple[str, LosingProxy]) -> None:
+    url, inner = proxy
+    inner.calls, inner.unanswered, inner.refuse = 0, 0, True
+    try:
+        with pytest.raises(openai.RateLimitError) as err:
+            _client(url, max_retries=0).completions.create(model="tiny", prompt="x", max_tokens=1)
+    finally:
+        inner.refuse = False
+    assert err.value.status_code == 429 and err.value.code == "http_429"
+    assert err.value.body == {"message": "Request dropped due to backpressure", "type": "invalid_request_error",
+                              "param": None, "code": "http_429"}  # Ray's text, all of it
+    assert err.value.response.headers["retry-after"] == "2"
+    assert err.value.response.headers["content-type"] == "application/json"
