@@ -21,6 +21,7 @@ This module imports ray: only `specpack serve --ray` and `serve run` import it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,7 +31,7 @@ from specpack.contract.manifest import manifest_sha256
 from specpack.errors import SpecpackError
 from specpack.serve.app import build_app
 from specpack.serve.config import ServeConfig
-from specpack.serve.probe import check_pack, generate_one_token
+from specpack.serve.probe import PROBE_EVERY_S, check_pack, generate_one_token
 from specpack.serve.ray_config import RayScaling, parse_autoscale
 from specpack.serve.server import load_pack
 
@@ -52,6 +53,7 @@ class PackReplica:
         self.pack = load_pack(config)
         try:
             generate_one_token(self.pack)  # before any traffic: a pack that cannot generate never takes requests
+            self.probed_at = time.monotonic()
             self.api_app = build_app(self.pack, config)  # not `app`: the wrapper's property
         except BaseException:
             self.pack.close()
@@ -61,8 +63,11 @@ class PackReplica:
         return self.api_app
 
     async def check_health(self) -> None:
-        """Ray Serve calls this every health_check_period_s; raising marks the replica unhealthy (it is replaced)."""
-        await check_pack(self.pack, self.api_app.state.decoder)
+        """Ray Serve calls this every health_check_period_s; raising marks the replica unhealthy (it is replaced).
+        An idle replica generates its token at most every PROBE_EVERY_S (the calls between check the rest)."""
+        due = time.monotonic() - self.probed_at >= PROBE_EVERY_S
+        if await check_pack(self.pack, self.api_app.state.decoder, generate=due):
+            self.probed_at = time.monotonic()
 
     def __del__(self) -> None:
         """Called by Ray after the app's lifespan shutdown (the decoder closed, its worker joined)."""

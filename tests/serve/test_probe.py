@@ -49,7 +49,13 @@ def pack(tiny_pack: Callable[..., tuple[Path, Path, Path]]) -> Any:
 
 def test_a_working_pack_passes(pack: Any) -> None:
     generate_one_token(pack)
-    asyncio.run(check_pack(pack, FakeDecoder()))  # type: ignore[arg-type]
+    assert asyncio.run(check_pack(pack, FakeDecoder()))  # type: ignore[arg-type]
+
+
+def test_between_probes_the_pack_is_not_used(pack: Any) -> None:
+    assert not asyncio.run(check_pack(BrokenPack(pack), FakeDecoder(), generate=False))  # type: ignore[arg-type]
+    with pytest.raises(SpecpackError, match="shutting down"):  # the rest is still checked
+        asyncio.run(check_pack(pack, FakeDecoder(draining=True), generate=False))  # type: ignore[arg-type]
 
 
 def test_a_pack_that_cannot_generate_fails(pack: Any) -> None:
