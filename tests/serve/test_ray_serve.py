@@ -17,6 +17,7 @@ import signal
 import socket
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any
 
 import openai
 import pytest
+from serve_harness import metric
 
 import specpack
 from specpack.contract.manifest import manifest_sha256
@@ -75,8 +77,8 @@ def _replica_states() -> dict[str, int]:
 @pytest.mark.slow
 def test_two_replicas_answer_the_openai_client(ray_url: str, pack_dir: Path) -> None:
     # as `serve run specpack.serve.ray_app:from_args pack=... replicas=2` builds it: every value a string
-    serve.run(from_args({"pack": str(pack_dir), "model_name": MODEL, "replicas": "2", "max_queue": "8"}), name=APP,
-              route_prefix="/")
+    serve.run(from_args({"pack": str(pack_dir), "model_name": MODEL, "replicas": "2", "max_queue": "8",
+                        "max_batch": "2"}), name=APP, route_prefix="/")  # each replica's batching scheduler
     try:
         assert sum(n for state, n in _replica_states().items() if "RUNNING" in state) == 2
         reference = specpack.load(pack_dir)
@@ -95,6 +97,19 @@ def test_two_replicas_answer_the_openai_client(ray_url: str, pack_dir: Path) -> 
         with ThreadPoolExecutor(4) as pool:  # concurrent: both replicas take some
             texts = list(pool.map(complete, range(4))) + list(pool.map(stream, range(4)))
         assert texts == [want] * 8
+        long_want = specpack.load(pack_dir)
+        want48 = long_want.generate(PROMPT, KILL_TOKENS).text
+        long_want.close()
+        with ThreadPoolExecutor(8) as pool:  # 4 at a time per replica: steps of 2 rows
+            outs = list(pool.map(lambda _: _request(client, "plain"), range(16)))
+        assert [(o.text, o.error) for o in outs] == [(want48, None)] * 16
+        batched = []
+        for _ in range(12):  # /metrics answers for the replica it lands on
+            with urllib.request.urlopen(f"{ray_url}/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+            assert 'specpack_batch_rows_bucket{le="1.0"}' in text  # (metric() reads an absent sample as 0)
+            batched.append(metric(text, "specpack_batch_rows_count") - metric(text, 'specpack_batch_rows_bucket{le="1.0"}'))
+        assert max(batched) > 0, "no replica decoded a step of 2 requests"
         # the same errors as `specpack serve`: an OpenAI error object through Ray's proxy
         with pytest.raises(openai.NotFoundError) as err:
             client.completions.create(model="other", prompt=PROMPT, max_tokens=1)
