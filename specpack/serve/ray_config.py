@@ -14,7 +14,7 @@ from specpack.errors import SpecpackError
 MAX_REPLICAS = 1024
 AUTOSCALE = re.compile(r"^(\d+)\.\.(\d+)$")
 # Ray's controller finds a dead replica only when a health check of it fails: checks every 2 s (Ray's default 10 s)
-# start a replacement sooner; each check of an idle replica generates one token (probe.py)
+# start a replacement sooner; an idle replica generates its probe token at most every probe.PROBE_EVERY_S
 HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 30.0  # above probe.PROBE_TIMEOUT_S
 
