@@ -3,9 +3,9 @@
 A replica's process killed under load (the default set): the other replica goes on, every request on the dead one
 ends with specpack's retryable error (ray_proxy.py), none hangs, and a new replica serves within 30 s. Slow: 2
 replicas of --max-batch 2 (built as `serve run` builds them, from_args) answer the official openai client (streamed
-or not) with Pack.generate's greedy text, batching, and its errors; a tampered pack is refused by every replica; autoscaling from 1 to 2
-replicas under load and back. The cluster starts once per module (~10 s); skipped without ray[serve]
-(`pip install -e '.[ray]'`).
+or not) with Pack.generate's greedy text, batching, and its errors; a tampered pack is refused by every replica;
+autoscaling from 1 to 2 replicas under load and back. The cluster starts once per module (~10 s); skipped without
+ray[serve] (`pip install -e '.[ray]'`).
 """
 
 from __future__ import annotations
