@@ -29,6 +29,7 @@ from ray import serve
 from specpack.serve.config import ServeConfig
 from specpack.serve.ray_app import DEPLOYMENT_NAME, application
 from specpack.serve.ray_config import RayScaling
+from specpack.serve.ray_host import init_ray
 
 APP, MODEL, PROMPT = "specpack", "bench", "def quicksort(arr):\n    "
 
@@ -111,7 +112,7 @@ def main() -> None:
     parser.add_argument("--num-cpus", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    ray.init(num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)
+    init_ray(None, num_cpus=args.num_cpus, include_dashboard=False, log_to_driver=False)  # as `specpack serve --ray`
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

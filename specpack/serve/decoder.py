@@ -110,11 +110,17 @@ class Decoder:
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Future[None]] = set()
         self._mean_s = 1.0  # recent decode time, for Retry-After
+        self._progress = time.monotonic()  # a job started or ended, or a piece of text came (the health probe's watchdog)
 
     @property
     def idle(self) -> bool:
         """Nothing decoding, waiting or being tokenized (a health probe may use the pack without queueing behind a job)."""
         return not (self._current or self._waiting or self._held)
+
+    @property
+    def stalled_s(self) -> float | None:
+        """Seconds since a decoding job last made progress (started, ended, or gave text); None while none decodes."""
+        return time.monotonic() - self._progress if self._current else None
 
     # --- the event loop's side ---------------------------------------------------------------------------------
 
@@ -235,7 +241,7 @@ class Decoder:
         """Run one job to its end, posting its events; never raises."""
         if job.halt.is_set():
             return
-        started = time.monotonic()
+        started = self._progress = time.monotonic()
         try:
             done = self._generate(job)
             if done is not None:
@@ -246,7 +252,8 @@ class Decoder:
             log.exception("decode failed")
             job.post(Failed(APIError(500, f"internal error: {type(err).__name__}", type="server_error")))
         finally:
-            self._mean_s = 0.8 * self._mean_s + 0.2 * (time.monotonic() - started)
+            self._progress = time.monotonic()
+            self._mean_s = 0.8 * self._mean_s + 0.2 * (self._progress - started)
 
     def _generate(self, job: Job) -> Done | None:
         """The pack runs the job's request (its stop strings cut the text) with the job's halt as its cancel event;
@@ -261,7 +268,7 @@ class Decoder:
                 metrics.ttft.observe(now - job.arrival)
             else:
                 metrics.itl.observe(now - last)
-            last = now
+            last = self._progress = now
             job.post(Piece(piece))
 
         gen = self.pack.run(prepared, on_text=on_text, cancel=job.halt)

@@ -1,12 +1,14 @@
 """The same OpenAI-compatible app (app.py's build_app) hosted by Ray Serve replicas instead of uvicorn alone.
 
-    client ── Ray Serve's HTTP proxy (routes, queues past max_ongoing_requests, retries nothing mid-stream)
+    client ── Ray Serve's HTTP proxy (routes, queues past max_ongoing_requests, retries nothing mid-stream;
+                 │ ray_proxy.py's middleware: a request whose replica died ends with an OpenAI error)
                  │ one of N replicas (actors, each a process; on any node of the cluster)
                  ▼
     PackReplica: __init__   specpack.load(pack, manifest_sha256=PIN) (server.load_pack: every file hashed as read),
                             one token generated, build_app(pack, config)
                  __serve_build_asgi_app__ -> that app: the same routes, errors, streaming, queue and metrics
-                 check_health   the pack generates one token while idle (probe.py); fails while draining
+                 check_health   the pack generates one token while idle, makes progress while busy (probe.py);
+                                fails while draining
                  shutdown       Ray stops routing to it and waits up to graceful_shutdown_timeout_s (--shutdown-grace)
                                 for in-flight requests; then the app's lifespan closes the decoder (what is left gets a
                                 503, in its stream if one started), and the pack is closed
@@ -19,6 +21,7 @@ This module imports ray: only `specpack serve --ray` and `serve run` import it.
 from __future__ import annotations
 
 import dataclasses
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -28,7 +31,7 @@ from specpack.contract.manifest import manifest_sha256
 from specpack.errors import SpecpackError
 from specpack.serve.app import build_app
 from specpack.serve.config import ServeConfig
-from specpack.serve.probe import check_pack, generate_one_token
+from specpack.serve.probe import PROBE_EVERY_S, check_pack, generate_one_token
 from specpack.serve.ray_config import RayScaling, parse_autoscale
 from specpack.serve.server import load_pack
 
@@ -50,6 +53,7 @@ class PackReplica:
         self.pack = load_pack(config)
         try:
             generate_one_token(self.pack)  # before any traffic: a pack that cannot generate never takes requests
+            self.probed_at = time.monotonic()
             self.api_app = build_app(self.pack, config)  # not `app`: the wrapper's property
         except BaseException:
             self.pack.close()
@@ -59,8 +63,11 @@ class PackReplica:
         return self.api_app
 
     async def check_health(self) -> None:
-        """Ray Serve calls this every health_check_period_s; raising marks the replica unhealthy (it is replaced)."""
-        await check_pack(self.pack, self.api_app.state.decoder)
+        """Ray Serve calls this every health_check_period_s; raising marks the replica unhealthy (it is replaced).
+        An idle replica generates its token at most every PROBE_EVERY_S (the calls between check the rest)."""
+        due = time.monotonic() - self.probed_at >= PROBE_EVERY_S
+        if await check_pack(self.pack, self.api_app.state.decoder, generate=due):
+            self.probed_at = time.monotonic()
 
     def __del__(self) -> None:
         """Called by Ray after the app's lifespan shutdown (the decoder closed, its worker joined)."""
@@ -93,7 +100,7 @@ def application(config: ServeConfig, scaling: RayScaling) -> Application:
 CONFIG_ARGS = {f.name: f for f in dataclasses.fields(ServeConfig)
                if f.name in ("pack", "device", "model_name", "max_queue", "max_batch", "timeout_s", "shutdown_grace_s",
                              "max_body_bytes", "read_timeout_s", "manifest_sha256")}
-SCALING_ARGS = ("replicas", "autoscale", "gpus_per_replica", "cpus_per_replica")
+SCALING_ARGS = ("replicas", "autoscale", "gpus_per_replica", "cpus_per_replica", "upscale_delay_s", "downscale_delay_s")
 
 
 def from_args(args: dict[str, Any]) -> Application:
@@ -107,8 +114,14 @@ def from_args(args: dict[str, Any]) -> Application:
     config = ServeConfig(**{name: _typed(name, value) for name, value in args.items() if name in CONFIG_ARGS})
     scaling = RayScaling(replicas=int(args.get("replicas", 1)), autoscale=parse_autoscale(args.get("autoscale")),
                          gpus_per_replica=float(args.get("gpus_per_replica", 0)),
-                         cpus_per_replica=float(args.get("cpus_per_replica", 1)))
+                         cpus_per_replica=float(args.get("cpus_per_replica", 1)),
+                         upscale_delay_s=_seconds(args.get("upscale_delay_s")),
+                         downscale_delay_s=_seconds(args.get("downscale_delay_s")))
     return application(config, scaling)
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value in (None, "") else float(value)
 
 
 def _typed(name: str, value: Any) -> Any:

@@ -13,6 +13,10 @@ from specpack.errors import SpecpackError
 
 MAX_REPLICAS = 1024
 AUTOSCALE = re.compile(r"^(\d+)\.\.(\d+)$")
+# Ray's controller finds a dead replica only when a health check of it fails: checks every 2 s (Ray's default 10 s)
+# start a replacement sooner; an idle replica generates its probe token at most every probe.PROBE_EVERY_S
+HEALTH_CHECK_PERIOD_S = 2.0
+HEALTH_CHECK_TIMEOUT_S = 30.0  # above probe.PROBE_TIMEOUT_S
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,8 @@ class RayScaling:
     gpus_per_replica: float = 0.0         # Ray's num_gpus per replica actor (a fraction shares a GPU)
     cpus_per_replica: float = 1.0         # Ray's num_cpus per replica actor
     address: str | None = None            # a running cluster (`ray start --head`'s address, or "auto"); None: a local one
+    upscale_delay_s: float | None = None  # with autoscale: load above target this long adds a replica (None: Ray's 30 s)
+    downscale_delay_s: float | None = None  # ... below target this long removes one (None: Ray's 600 s)
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
@@ -35,6 +41,10 @@ class RayScaling:
             raise SpecpackError("invalid --gpus-per-replica", expected="a number >= 0", found=str(self.gpus_per_replica))
         if not self.cpus_per_replica > 0:
             raise SpecpackError("invalid --cpus-per-replica", expected="a number > 0", found=str(self.cpus_per_replica))
+        for name in ("upscale_delay_s", "downscale_delay_s"):
+            value = getattr(self, name)
+            if value is not None and not value >= 0:
+                raise SpecpackError(f"invalid {name}", expected="a number of seconds >= 0", found=str(value))
 
     def deployment_options(self, max_batch: int, max_queue: int, shutdown_grace_s: float) -> dict[str, Any]:
         """Ray Serve's deployment options: replicas or autoscaling, the actor's resources, the graceful drain.
@@ -46,8 +56,8 @@ class RayScaling:
             "max_ongoing_requests": max_batch + max_queue,
             "graceful_shutdown_timeout_s": shutdown_grace_s,  # in-flight requests finish, then the decoder aborts the rest
             "graceful_shutdown_wait_loop_s": 0.5,
-            "health_check_period_s": 10.0,
-            "health_check_timeout_s": 30.0,
+            "health_check_period_s": HEALTH_CHECK_PERIOD_S,
+            "health_check_timeout_s": HEALTH_CHECK_TIMEOUT_S,
         }
         if self.autoscale is None:
             options["num_replicas"] = self.replicas
@@ -55,6 +65,9 @@ class RayScaling:
             low, high = self.autoscale
             options["autoscaling_config"] = {"min_replicas": low, "max_replicas": high, "initial_replicas": max(low, 1),
                                              "target_ongoing_requests": max_batch}
+            for name in ("upscale_delay_s", "downscale_delay_s"):
+                if getattr(self, name) is not None:
+                    options["autoscaling_config"][name] = getattr(self, name)
         return options
 
 

@@ -1,7 +1,8 @@
 """`specpack serve PACK --ray`: deploy the pack's app (ray_app.py) on Ray Serve and hold it until SIGINT or SIGTERM.
 
     check the address (a port in use: exit 2 before Ray starts) -> pin the pack (its manifest's sha256, read now)
-    -> ray.init (a local cluster, or --ray-address) -> serve.start (the HTTP proxy on --host:--port)
+    -> ray.init (a local cluster, its proxies with ray_proxy's middleware; or --ray-address)
+    -> serve.start (the HTTP proxy on --host:--port)
     -> serve.run (returns once every replica loaded the pack and generated a token; a replica that refuses the pack
        fails the deployment) -> the listening line -> wait for a signal
     -> delete the app (Ray drains each replica: in-flight requests get --shutdown-grace) -> stop Serve, Ray
@@ -11,14 +12,17 @@ Imports ray only inside serve_on_ray (the CLI imports this module lazily too).
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
 from types import FrameType
+from typing import Any
 
 from specpack.errors import SpecpackError
 from specpack.serve.config import ServeConfig
 from specpack.serve.ray_config import RayScaling
+from specpack.serve.ray_proxy import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 from specpack.serve.server import bind_socket, listening_line
 
 APP_NAME = "specpack"
@@ -36,7 +40,7 @@ def serve_on_ray(config: ServeConfig, scaling: RayScaling) -> None:
                             found="0")
     bind_socket(config.host, config.port).close()  # in use, or a bad host: refused now, with a message
     app = application(config, scaling)  # reads the manifest: a missing or unreadable pack is refused here
-    ray.init(address=scaling.address, include_dashboard=False)
+    init_ray(scaling.address, include_dashboard=False)
     stop = _stop_on_signals()
     try:
         serve.start(http_options={"host": config.host, "port": config.port})
@@ -51,6 +55,17 @@ def serve_on_ray(config: ServeConfig, scaling: RayScaling) -> None:
         if scaling.address is None:  # our own cluster; on a shared one, only our app goes
             serve.shutdown()
             ray.shutdown()
+
+
+def init_ray(address: str | None, **options: Any) -> None:
+    """ray.init, with specpack's proxy middleware (ray_proxy.py: a replica lost under a request gives an OpenAI error)
+    in the environment of the processes a local cluster starts. Joining a running cluster (address), its proxies
+    have the environment of its `ray start`: set RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH there
+    (docs/ray_serve.md). An operator's own value of the variable is kept."""
+    import ray
+
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+    ray.init(address=address, **options)
 
 
 def _stop_on_signals() -> threading.Event:

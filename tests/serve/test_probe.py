@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import MODEL, Live
+from serve_harness import wait_until
 
 import specpack
 from specpack.errors import SpecpackError
@@ -18,6 +22,7 @@ from specpack.serve.probe import check_pack, generate_one_token
 class FakeDecoder:
     def __init__(self, *, draining: bool = False, idle: bool = True) -> None:
         self.draining, self.idle = draining, idle
+        self.stalled_s = None if idle else 0.0
 
 
 class BrokenPack:
@@ -44,7 +49,13 @@ def pack(tiny_pack: Callable[..., tuple[Path, Path, Path]]) -> Any:
 
 def test_a_working_pack_passes(pack: Any) -> None:
     generate_one_token(pack)
-    asyncio.run(check_pack(pack, FakeDecoder()))  # type: ignore[arg-type]
+    assert asyncio.run(check_pack(pack, FakeDecoder()))  # type: ignore[arg-type]
+
+
+def test_between_probes_the_pack_is_not_used(pack: Any) -> None:
+    assert not asyncio.run(check_pack(BrokenPack(pack), FakeDecoder(), generate=False))  # type: ignore[arg-type]
+    with pytest.raises(SpecpackError, match="shutting down"):  # the rest is still checked
+        asyncio.run(check_pack(pack, FakeDecoder(draining=True), generate=False))  # type: ignore[arg-type]
 
 
 def test_a_pack_that_cannot_generate_fails(pack: Any) -> None:
@@ -64,3 +75,22 @@ def test_a_draining_replica_fails_and_a_busy_one_is_not_probed(pack: Any) -> Non
     with pytest.raises(SpecpackError, match="shutting down"):
         asyncio.run(check_pack(pack, FakeDecoder(draining=True)))  # type: ignore[arg-type]
     asyncio.run(check_pack(BrokenPack(pack), FakeDecoder(idle=False)))  # type: ignore[arg-type]  (requests decode)
+
+
+def test_a_decode_without_progress_fails_the_watchdog(live: Live) -> None:
+    """A real decode on the live server whose text comes 1.5 s apart: the probe passes while text came within
+    stall_s, and fails once none came for longer (a hung device: its worker never returns)."""
+    live.pack.delay = 1.5  # before the piece of text: a decode that stalls 1.5 s
+    try:
+        with live.client() as client, ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(lambda: client.completions.create(model=MODEL, prompt="x", max_tokens=1))
+            assert wait_until(lambda: live.decoder.stalled_s is not None)
+            asyncio.run(check_pack(live.pack, live.decoder))  # within STALL_S (60 s): slow is not hung
+            time.sleep(0.5)
+            with pytest.raises(SpecpackError, match="no progress while decoding") as err:
+                asyncio.run(check_pack(live.pack, live.decoder, stall_s=0.25))
+            assert "text within 0.25 s" in str(err.value)
+            assert pending.result().choices[0].text  # the decode itself went on
+    finally:
+        live.pack.delay = 0.0
+    assert live.decoder.stalled_s is None  # nothing decodes: nothing stalls

@@ -58,6 +58,10 @@ def test_scaling_options_for_ray_serve() -> None:
     auto = RayScaling(autoscale=parse_autoscale("0..4")).deployment_options(max_batch=2, max_queue=8, shutdown_grace_s=5)
     assert "num_replicas" not in auto
     assert auto["autoscaling_config"] == {"min_replicas": 0, "max_replicas": 4, "initial_replicas": 1,
-                                          "target_ongoing_requests": 2}
+                                          "target_ongoing_requests": 2}  # Ray's delays unless given
+    quick = RayScaling(autoscale=(1, 2), upscale_delay_s=1, downscale_delay_s=0).deployment_options(1, 0, 5)
+    assert quick["autoscaling_config"]["upscale_delay_s"] == 1 and quick["autoscaling_config"]["downscale_delay_s"] == 0
+    with pytest.raises(SpecpackError, match="invalid downscale_delay_s"):
+        RayScaling(autoscale=(1, 2), downscale_delay_s=-1)
     with pytest.raises(SpecpackError, match=r"MIN\.\.MAX"):
         parse_autoscale("1-4")
