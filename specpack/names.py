@@ -81,6 +81,8 @@ N_ACCEPTED = "n_accepted"
 NEXT_TOKEN = "next_token"
 PARENTS = "parents"  # tree verify (graphs/tree_head.py): int64 [1, T], each node's parent, -1 the root
 PATH = "path"  # tree verify: int64 [1, T+1], the accepted rows, root first, -1 padded
+DRAFT_COUNTS = "draft_counts"  # batched verify (graphs/batched_head.py): int64 [B], the drafts row b verifies (k_b)
+TOKEN_COUNTS = "token_counts"  # batched verify: int64 [B], row b's real new tokens (the rest of its S are padding)
 
 TARGET_FEATURES = "target_features"
 PAST_TARGET_FEATURES = "past_target_features"  # static head packs: the features cache [1, 1, M, F] the verify writes
