@@ -37,11 +37,17 @@ def _rows(b: GraphBuilder) -> Value:
     return b.op("Add", _num_drafts(b), b.const([1]))  # K + 1
 
 
+def row_counts(b: GraphBuilder) -> Value:
+    """k_b [B]: the drafts each row verifies (tests/mutations.py replaces it to show the chi-square tests catch a
+    head that ignores it)."""
+    return names.DRAFT_COUNTS
+
+
 def positions(b: GraphBuilder) -> Value:
     """pos [B, K+1]: pos[b, i] = min(S_b - k_b - 1 + i, S - 1), the positions row b's verify reads (docstring)."""
     rows = b.op("Squeeze", _rows(b), b.const([0]))  # [] K + 1
     steps = b.op("Range", b.const(0), rows, b.const(1))  # [K+1]
-    start = b.op("Sub", b.op("Sub", names.TOKEN_COUNTS, names.DRAFT_COUNTS), b.const([1]))  # [B] S_b - k_b - 1
+    start = b.op("Sub", b.op("Sub", names.TOKEN_COUNTS, row_counts(b)), b.const([1]))  # [B] S_b - k_b - 1
     pos = b.op("Add", b.op("Unsqueeze", start, b.const([1])), steps)  # [B, K+1]
     last = b.op("Sub", b.op("Shape", names.INPUT_IDS, start=1, end=2), b.const([1]))  # [1] S - 1
     return b.op("Min", b.op("Max", pos, b.const([0])), last)  # [B, K+1] (pads clamped into the row: never read)
@@ -86,7 +92,7 @@ def add_batched_verify_head(b: GraphBuilder, logits: Value, logits_type: int = F
         return verify_chain(sub, sub.slice(x_b, 0, k1, axis=0), sub.slice(drafts_b, 0, k, axis=0),
                             sub.slice(q_b, 0, k, axis=0), sub.slice(u_b, 0, k1, axis=0), k, sampling, vocab, transform)
 
-    n, token = b.scan([x, drafts, names.DRAFT_PROBS, names.UNIFORMS, names.DRAFT_COUNTS, names.TEMPERATURE,
+    n, token = b.scan([x, drafts, names.DRAFT_PROBS, names.UNIFORMS, row_counts(b), names.TEMPERATURE,
                        names.TOP_K, names.TOP_P], row,
                       [FLOAT, INT64, FLOAT, FLOAT, INT64, FLOAT, INT64, FLOAT], [INT64, INT64])  # [B, 1] each
     for value, name in ((n, names.N_ACCEPTED), (token, names.NEXT_TOKEN)):

@@ -27,7 +27,7 @@ from specpack.runtime.stop_strings import TextOut
 if TYPE_CHECKING:
     from specpack.runtime.backend import TargetModel
     from specpack.runtime.batched_draft import BatchedGreedyDrafter
-    from specpack.runtime.batched_target import BatchedGreedyTarget as BatchedTarget
+    from specpack.runtime.batched_target import BatchedRuns
     from specpack.runtime.drafter import Drafter
     from specpack.runtime.pack import Generation, Pack
 
@@ -94,7 +94,7 @@ class PackRows:
 
 
 def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int,
-                   batched: BatchedTarget | None = None, batched_draft: BatchedGreedyDrafter | None = None,
+                   batched: BatchedRuns | None = None, batched_draft: BatchedGreedyDrafter | None = None,
                    batch_policy: BatchPolicy | None = None) -> Batcher[PackJob]:
     """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier), or over a batched
     target (one run per step: runtime/batched_target.py) and optionally a batched draft (batched_draft.py), on its
