@@ -26,7 +26,12 @@ from specpack import names
 from specpack.dtypes import BY_ONNX
 from specpack.errors import SpecpackError
 from specpack.graphs import sampling_graph, sampling_trt
-from specpack.graphs.batched_head import add_batched_verify_head, batched_verify_head_io
+from specpack.graphs.batched_head import (
+    add_batched_greedy_head,
+    add_batched_verify_head,
+    batched_greedy_head_io,
+    batched_verify_head_io,
+)
 from specpack.graphs.heads import (
     AddHead,
     HeadIO,
@@ -64,6 +69,11 @@ def build_batched_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int
     verify head (batched_head.py), its lm_head computing K + 1 rows per batch row."""
     add_head = partial(add_batched_verify_head, transform=TRANSFORMS[heads])
     _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, batched_verify_head_io(vocab_size))
+
+
+def build_batched_greedy_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
+    """The batched static form + the batched greedy head (`best` [B, S]): the batched greedy draft's graph."""
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_batched_greedy_head, batched_greedy_head_io())
 
 
 def build_tree_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, max_nodes: int) -> None:

@@ -75,6 +75,18 @@ def batched_verify_head_io(vocab: Dim) -> HeadIO:
                   rows=_rows, select=select)
 
 
+def batched_greedy_head_io() -> HeadIO:
+    """The batched greedy head: no inputs -> best int64 [B, S], the argmax at every position (the batched greedy
+    draft reads the argmax after each row's last fed token: runtime/batched_draft.py)."""
+    return HeadIO(inputs=[], outputs=[tensor_info(names.BEST, INT64, ["batch_size", "sequence_length"])],
+                  rows=lambda b: b.op("Shape", names.INPUT_IDS, start=1, end=2), select=lambda b, x: x)
+
+
+def add_batched_greedy_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None) -> None:
+    """best = ArgMax(logits) over the vocabulary: [B, S, V] -> [B, S]."""
+    b.nodes.append(helper.make_node("ArgMax", [logits], [names.BEST], name=b.fresh("ArgMax"), axis=-1, keepdims=0))
+
+
 def add_batched_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None,
                             transform: Transform = sg.transform) -> None:
     """`logits` [B, K+1, V]: the selected positions (`select`) -> n_accepted [B], next_token [B] (module docstring)."""

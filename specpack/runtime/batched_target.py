@@ -9,8 +9,8 @@
     its mask ones at [0, L_b + S); a row of [lo, hi) that is not in the run is a pad row (its writes land past its
     length, where nothing reads them: the rollback rule). Needs L_b + S <= M for every row of [lo, hi).
 
-BatchedRuns holds that; its heads: BatchedGreedyTarget (argmax, `best` [B, S], export/batched_export.py's
-attach_greedy_head; the acceptance on the host from those integers, graphs/oracle.py's greedy_verify: greedy rows only,
+BatchedRuns holds that; its heads: BatchedGreedyTarget (argmax, `best` [B, S], graphs/attach.py's
+build_batched_greedy_graph; the acceptance on the host from those integers, graphs/oracle.py's greedy_verify: greedy rows only,
 the batched greedy draft's engine) and BatchedTarget (runtime/batched_verify.py: the batched verify head,
 graphs/batched_head.py, for every request). Each is both the loop's TargetModel (prefill, a single row's verify) and
 the scheduler's RowVerifier (a step's rows in one run), over the same caches.
@@ -31,17 +31,16 @@ from specpack.graphs.oracle import greedy_verify
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
-GREEDY_BEST = "best"
-
 
 class BatchedRuns:
     """The caches and the run of a batched static-form graph, whatever its head (module docstring): `bind` lays out a
     run's rows, the subclass adds its head's inputs and outputs."""
 
-    def __init__(self, graph_path: Path, *, num_layers: int, kv_heads: int, head_dim: int, width: int, slots: int,
+    def __init__(self, graph: Path | OrtGraph, *, num_layers: int, kv_heads: int, head_dim: int, width: int, slots: int,
                  k_max: int, threads: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        """width: M, the cache rows per slot (max_len + k_max + 1: a padded row never runs off the buffer)."""
-        self.graph = OrtGraph(graph_path, threads=threads)
+        """graph: the graph's path, or its session opened by a backend; width: M, the cache rows per slot (max_len +
+        k_max + 1: a padded row never runs off the buffer)."""
+        self.graph = graph if isinstance(graph, OrtGraph) else OrtGraph(graph, threads=threads)
         self._binding = self.graph.new_binding()
         self.width, self.slots, self.clock = width, slots, clock
         rows = max(k_max + 1, width)  # the longest run: a prompt (or its chunk), or k_max + 1 verify rows
@@ -116,8 +115,8 @@ class BatchedGreedyTarget(BatchedRuns):
     """The batched graph with the greedy head (`best` [B, S]): the acceptance on the host. The batched greedy draft's
     engine (batched_draft.py); as a target, greedy rows only (BatchedTarget verifies every request)."""
 
-    def __init__(self, graph_path: Path, **kwargs: Any) -> None:
-        super().__init__(graph_path, **kwargs)
+    def __init__(self, graph: Path | OrtGraph, **kwargs: Any) -> None:
+        super().__init__(graph, **kwargs)
         self._best = np.zeros(self.slots * self.rows, np.int64)
 
     def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
@@ -145,5 +144,5 @@ class BatchedGreedyTarget(BatchedRuns):
         """One run; slot -> its best [S] (a view)."""
         lo, seq, inputs, outputs = self.bind(tokens)
         best = self._best[: len(inputs[names.INPUT_IDS]) * seq].reshape(-1, seq)    # [B, S]
-        self.graph.run(self._binding, inputs, {GREEDY_BEST: best, **outputs})
+        self.graph.run(self._binding, inputs, {names.BEST: best, **outputs})
         return {slot: best[slot - lo] for slot in tokens}

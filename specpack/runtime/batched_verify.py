@@ -19,12 +19,13 @@ import numpy as np
 from specpack import names
 from specpack.errors import SpecpackError
 from specpack.runtime.batched_target import BatchedRuns
+from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 
 class BatchedTarget(BatchedRuns):
-    def __init__(self, graph_path: Path, *, vocab_size: int, **kwargs: Any) -> None:
-        super().__init__(graph_path, **kwargs)
+    def __init__(self, graph: Path | OrtGraph, *, vocab_size: int, **kwargs: Any) -> None:
+        super().__init__(graph, **kwargs)
         slots, k_max = self.slots, self.k_max
         self.vocab_size = vocab_size
         self._counts = np.zeros(slots, np.int64)                     # [slots] views [lo:hi]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -53,23 +53,21 @@ STREAMS = [(SamplingParams(1.0), 1), (SamplingParams(0.5), 2), (SamplingParams(1
 
 
 @pytest.fixture(scope="module")
-def batched_plain(tiny_pairs, tiny_store) -> Path:  # type: ignore[no-untyped-def]
-    """The tiny target in the batched static form (export/batched_export.py), built once per code version."""
-    from specpack.export.batched_export import export_batched_graph
-
-    target_dir = tiny_pairs(FAMILY, DRAFT)[1]
-    def build(root: Path) -> None:
-        export_batched_graph(target_dir, root / "target.onnx")
-
-    return tiny_store.get(("batched-plain", FAMILY, DRAFT), build) / "target.onnx"
+def batched_plain(tiny_batched_plain) -> Path:  # type: ignore[no-untyped-def]
+    return tiny_batched_plain(FAMILY, DRAFT)
 
 
 def verify_graph(plain: Path, out_dir: Path, vocab: int) -> Path:
-    """The batched verify graph in out_dir (the plain graph copied: attach moves its weights)."""
+    """The batched verify graph in out_dir."""
+    return attached_copy(plain, out_dir / "verify_batched.onnx", vocab, build_batched_verify_graph)
+
+
+def attached_copy(plain: Path, out: Path, vocab: int, build: Callable[[Path, Path, int], None]) -> Path:
+    """`build` (a graphs/attach.py builder) over a copy of the plain graph beside `out` (attach moves its weights)."""
     for path in plain.parent.iterdir():
-        shutil.copy(path, out_dir / path.name)
-    out = out_dir / "verify_batched.onnx"
-    build_batched_verify_graph(out_dir / plain.name, out, vocab)
+        if path.name.startswith(plain.name):
+            shutil.copy(path, out.parent / path.name)
+    build(out.parent / plain.name, out, vocab)
     return out
 
 
@@ -217,3 +215,35 @@ def test_a_head_that_ignores_draft_counts_fails_it(batched_plain: Path, slots_pa
     print(f"draft_counts ignored: p = {ps}")
     assert ps[0] < P_FAIL  # the k = 1 stream, batched with k = 2 and 3 rows
 
+
+
+# ------------------------------------------------------------------------------------------- into the pack
+
+
+@pytest.mark.slow  # a pack export with --max-batch (~60 s on 2 cores)
+def test_a_pack_exported_with_max_batch_batches_with_its_own_graphs(tiny_export, alone: Pack) -> None:  # type: ignore[no-untyped-def]
+    """spec-export --max-batch 4 writes verify_batched.onnx and draft_batched.onnx, the manifest records them, and
+    start_batching picks them: greedy rows draft together, every row verifies in one run, each request its lone tokens
+    (the pack without --max-batch is `alone`: old packs load and decode as before)."""
+    from specpack.errors import SpecpackError
+    from specpack.names import BATCHED_FILES
+
+    pack_dir = tiny_export(FAMILY, DRAFT, max_batch=SLOTS)
+    requests = _requests(alone)
+    expected = [alone.generate_request(r).tokens for r in requests]
+    assert alone.manifest.target.batched is None
+    with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=SLOTS)) as pack:
+        m = pack.manifest
+        assert m.target.batched is not None and m.draft.batched is not None
+        assert (m.target.batched.max_batch, m.target.batched.head, m.draft.batched.head) == (SLOTS, "verify", "greedy")
+        assert [m.target.batched.graph.path, m.draft.batched.graph.path] == [BATCHED_FILES["target"],
+                                                                            BATCHED_FILES["draft"]]
+        batcher = pack.start_batching(batch_policy=NoCap())
+        target = batcher.scheduler.verifier
+        assert isinstance(target, BatchedTarget) and batcher.scheduler.row_drafter is not None
+        got = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in requests]]
+        assert got == expected
+        assert max(target.runs) == SLOTS
+    with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=SLOTS + 1)) as pack, \
+            pytest.raises(SpecpackError, match="exported for"):
+        pack.start_batching()
