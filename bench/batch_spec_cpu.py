@@ -5,7 +5,8 @@ requests one at a time through the same engines, on one machine and run: tokens/
         [--clients 4] [--max-new-tokens 32] [--k 0 4] [--threads 2] [--rounds 2] [--json OUT]
 
 T.onnx and D.onnx: the pack's target and draft in the batched static form with the greedy head
-(export/batched_export.py: export_batched_graph, then attach_greedy_head). PACK gives the tokenizer, the limits and
+(export/batched_export.py: export_batched_graph, then graphs/attach.py's build_batched_greedy_graph; or a pack's
+draft_batched.onnx from spec-export --max-batch). PACK gives the tokenizer, the limits and
 the models' shapes (its own graphs are not run). Greedy, fixed k (no cap: runtime/batch_k.py's NoCap). "one at a
 time" submits each request after the previous one finished (every run at batch 1: what the per-slot engines do);
 "batched" submits all N at once.

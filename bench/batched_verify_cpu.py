@@ -35,15 +35,16 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     args = ap.parse_args()
 
-    from specpack.export.batched_export import attach_greedy_head, export_batched_graph
+    from specpack.export.batched_export import export_batched_graph
     from specpack.export.model_info import read_model_info
+    from specpack.graphs.attach import build_batched_greedy_graph
 
     info = read_model_info(args.model)
     plain, head = args.graph_dir / "target.onnx", args.graph_dir / "target_greedy.onnx"
     if not head.exists():
         t = time.perf_counter()
         export_batched_graph(args.model, plain)
-        attach_greedy_head(plain, head)
+        build_batched_greedy_graph(plain, head, info.vocab_rows)  # moves the weights beside `head`
         print(f"exported in {time.perf_counter() - t:.0f} s")
     slots = max(args.batches)
     engine = BatchedGreedyTarget(head, num_layers=info.num_layers, kv_heads=info.kv_heads, head_dim=info.head_dim,

@@ -81,6 +81,9 @@ N_ACCEPTED = "n_accepted"
 NEXT_TOKEN = "next_token"
 PARENTS = "parents"  # tree verify (graphs/tree_head.py): int64 [1, T], each node's parent, -1 the root
 PATH = "path"  # tree verify: int64 [1, T+1], the accepted rows, root first, -1 padded
+DRAFT_COUNTS = "draft_counts"  # batched verify (graphs/batched_head.py): int64 [B], the drafts row b verifies (k_b)
+BEST = "best"  # the batched greedy head (graphs/batched_head.py): int64 [B, S], the argmax of every position's logits
+TOKEN_COUNTS = "token_counts"  # batched verify: int64 [B], row b's real new tokens (the rest of its S are padding)
 
 TARGET_FEATURES = "target_features"
 PAST_TARGET_FEATURES = "past_target_features"  # static head packs: the features cache [1, 1, M, F] the verify writes
@@ -92,6 +95,7 @@ HIDDEN_OUT = "hidden_out"
 DRAFT_STEP_FILE = "draft_step.onnx"
 HEAD_STEP_FILE = "head_step.onnx"
 VERIFY_FILE = "verify.onnx"
+BATCHED_FILES = {"target": "verify_batched.onnx", "draft": "draft_batched.onnx"}  # --max-batch (docs/batching.md)
 KV_COMPACT_FILE = "kv_compact.onnx"  # tree packs: moves the accepted path's cache rows into place (graphs/kv_compact.py)
 TOKENIZER_DIR = "tokenizer"  # the pack's tokenizer folder (runtime/tokenizer.py reads TOKENIZER_LOADED_FILES from it)
 TOKENIZER_FILE = "tokenizer.json"

@@ -119,6 +119,25 @@ def tiny_plain_graph(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callabl
 
 
 @pytest.fixture(scope="session")
+def tiny_batched_plain(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., Path]:
+    """(family, draft kind, role) -> that tiny model in the batched static form (export/batched_export.py), fp32,
+    built once; tests attach a head to a copy (attach moves the weights)."""
+
+    def make(family: str, draft: str = "small", role: str = "target") -> Path:
+        from specpack.export.batched_export import export_batched_graph
+
+        draft_dir, target_dir = tiny_pairs(family, draft)
+
+        def build(root: Path) -> None:
+            export_batched_graph(target_dir if role == "target" else draft_dir, root / f"{role}.onnx")
+
+        return tiny_store.get(("batched-plain", family, draft if role == "draft" else "small", role), build) / \
+            f"{role}.onnx"
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def tiny_export(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., Path]:
     """(family, draft="small" | None, pair options, **ExportConfig fields) -> a pack of that tiny pair exported
     with that configuration (draft None: the target alone), built once; tests copy it before they change it."""

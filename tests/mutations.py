@@ -22,6 +22,12 @@ Tree mutations (TREE_MUTATIONS, `tree_mutation`) replace one step of specpack/gr
     residual_not_updated     drawn candidates: after a rejection the next sibling is tried against the same
                              residual (r_i = r_{i-1}, q not subtracted)
     q_not_renormalized       without replacement: q_i has the earlier siblings removed but is not renormalised
+
+Batched verify head mutations (BATCHED_HEAD_MUTATIONS, `batched_head_mutation`) change the graph built while they
+are active (specpack/graphs/batched_head.py):
+
+    draft_counts_ignored     every row verifies K = max k_b drafts: a row with fewer reads pad drafts, pad q and pad
+                             uniforms as its own
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import pytest
 
-from specpack.graphs import oracle, tree_oracle
+from specpack.graphs import batched_head, oracle, tree_oracle
+from specpack.graphs.onnx_builder import GraphBuilder, Value
 from specpack.sampling import SamplingParams
 
 F32 = np.float32
@@ -111,3 +118,20 @@ TREE_MUTATIONS = tuple(_TREE_PATCHES)
 def tree_mutation(name: str) -> contextlib.AbstractContextManager[None]:
     """The tree oracle with the defect `name` (TREE_MUTATIONS) for the duration of the block."""
     return _patched(tree_oracle, *_TREE_PATCHES[name])
+
+
+def _every_row_k(b: GraphBuilder) -> Value:
+    """K for every row: [B] = draft_probs.shape[1] broadcast over the batch."""
+    k = b.op("Shape", "draft_probs", start=1, end=2)  # [1]
+    return b.op("Expand", k, b.op("Shape", "draft_counts"))  # [B]
+
+
+_BATCHED_HEAD_PATCHES: dict[str, tuple[str, Callable[..., object]]] = {
+    "draft_counts_ignored": ("row_counts", _every_row_k),
+}
+BATCHED_HEAD_MUTATIONS = tuple(_BATCHED_HEAD_PATCHES)
+
+
+def batched_head_mutation(name: str) -> contextlib.AbstractContextManager[None]:
+    """The batched verify head built with the defect `name` (BATCHED_HEAD_MUTATIONS) inside the block."""
+    return _patched(batched_head, *_BATCHED_HEAD_PATCHES[name])

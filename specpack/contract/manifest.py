@@ -161,6 +161,34 @@ class TreeForm(_Closed):
     kv_compact: KvCompactGraph
 
 
+class BatchedForm(_Closed):
+    """A model's batched graph (spec-export --max-batch; docs/batching.md, "The batched graph form"): the static
+    standard-attention form with a batch axis, rows right-padded, each with its own mask row and KV slot. `head`:
+    "verify" (graphs/batched_head.py: draft_counts, token_counts and per-row sampling inputs -> n_accepted,
+    next_token [B]) or "greedy" (best [B, S]: the batched greedy draft). `inputs`: the batch-only inputs besides the
+    batch-1 graph's. Absent (None) on older packs and packs exported without --max-batch: batch 1 only."""
+
+    form: Literal["standard-static"] = "standard-static"
+    max_batch: Annotated[int, Field(ge=1, le=1024)]
+    padding: Literal["right"] = "right"
+    head: Literal["verify", "greedy"]
+    inputs: list[Name] = Field(default_factory=list, max_length=16)
+    graph: GraphEntry
+
+    @model_validator(mode="after")
+    def _check_graph(self) -> BatchedForm:
+        g = self.graph
+        if (g.kv_cache, g.attention, g.heads, g.positions, g.exporter, g.tree) != \
+                ("static", "standard", "onnxruntime", "inputs", "torch", None):
+            raise ValueError("a batched graph is a torch graph of kv_cache 'static', attention 'standard', heads "
+                             "'onnxruntime', positions 'inputs' and no tree")
+        want = {"verify": {names.N_ACCEPTED, names.NEXT_TOKEN}, "greedy": {names.BEST}}[self.head]
+        if not want <= {s.name for s in g.outputs} or not set(self.inputs) <= {s.name for s in g.inputs}:
+            raise ValueError(f"a batched {self.head} graph's outputs must include {sorted(want)}, its inputs the "
+                             f"batch inputs {self.inputs}")
+        return self
+
+
 class Fidelity(_Open):
     """How close the quantized model stays to the unquantized one (measured at export)."""
 
@@ -222,6 +250,7 @@ class ModelEntry(_Closed):
     dtype: DtypeName
     quantization: Quantization | None = None  # None: the graph as exported (quantize/stage.py, fidelity.py)
     graph: GraphEntry
+    batched: BatchedForm | None = None  # --max-batch: the batched graph beside `graph` (None: batch 1 only)
 
     @model_validator(mode="after")
     def _check_kv_cache_io(self) -> ModelEntry:
@@ -247,6 +276,11 @@ class ModelEntry(_Closed):
             for spec in [*compact.inputs, *compact.outputs]:
                 if spec.name.startswith(("past_key_values.", "present.")):
                     _check_kv_spec(spec, self)
+        if self.batched is not None:
+            batched = self.batched.graph
+            for specs, prefix in ((batched.inputs, "past"), (batched.outputs, "present")):
+                if not set(names.kv_names(self.num_layers, prefix)) <= {s.name for s in specs}:
+                    raise ValueError(f"the batched graph lacks {prefix} KV tensors of num_layers {self.num_layers}")
         for specs in (g.inputs, g.outputs):
             seen = [s.name for s in specs]
             if len(seen) != len(set(seen)):
@@ -413,6 +447,8 @@ class Manifest(_Closed):
         """Every file the runtime opens: graphs, their external data, the tokenizer's files and engines."""
         graphs = [p for g in self.graphs() for p in (g.path, *g.data_files)]
         graphs += [g.tree.kv_compact.path for g in self.graphs() if g.tree is not None]
+        graphs += [p for _, m in self.models() if m.batched is not None for p in (m.batched.graph.path,
+                                                                                  *m.batched.graph.data_files)]
         return list(dict.fromkeys([*graphs, *TOKENIZER_FILES, *self.tokenizer_files, *(e.path for e in self.engines)]))
 
     def file_entry(self, relpath: str) -> FileEntry:

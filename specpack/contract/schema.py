@@ -23,6 +23,9 @@ RULES = [  # what JSON Schema cannot say; Manifest's validators enforce these to
     "every file the runtime opens (graphs, data_files, tokenizer/tokenizer.json, tokenizer/tokenizer_config.json, "
     "tokenizer_files, engines) is listed in `files`; no path is listed twice; manifest.json is not listed",
     "no engine names a graph's, an external data file's or a tokenizer file's path",
+    "a model's `batched` graph is a torch graph of the static standard-attention form with positions as inputs and "
+    "no tree, has the past / present KV tensors of its num_layers, the outputs of its head (verify: n_accepted, "
+    "next_token; greedy: best) and its batch `inputs`",
     f"the file is UTF-8 JSON of at most {MANIFEST_BYTES_LIMIT} bytes, nested at most {JSON_DEPTH_LIMIT} deep, "
     "without duplicate keys, NaN or Infinity (nor numbers past a float's range, such as 1e999)",
 ]

@@ -1,5 +1,6 @@
 """The batched static form of a plain graph (docs/batching.md, "The batched graph form"): torch.onnx.export of the model
-with batched_attention.py's attention. Not wired into spec-export yet (no verify head, no manifest entry).
+with batched_attention.py's attention. Its heads: graphs/attach.py's build_batched_verify_graph and
+build_batched_greedy_graph; spec-export --max-batch writes both (export/pipeline.py).
 
     input_ids       [B, S]  ─┐
     position_ids    [B, S]  ─┤                                          ┌─> logits           [B, S, V]
@@ -82,31 +83,3 @@ def _dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
     batch, seq, max_len = Dim(te.BATCH), Dim(te.SEQ), Dim(te.MAX)
     return ({0: batch, 1: seq}, {0: batch, 1: seq}, {0: batch, 1: max_len},
             tuple([{0: batch, 2: max_len}] * (2 * info.num_layers)))
-
-
-GREEDY_BEST = "best"  # int64 [B, S]: argmax of each row's logits, the greedy head's output
-
-
-def attach_greedy_head(onnx_path: Path, out_onnx: Path) -> None:
-    """The batched graph with its logits replaced by their argmax, `best` [B, S] (the greedy acceptance then needs a
-    few integers per row, read back by the host: runtime/batched_target.py). `out_onnx` beside `onnx_path` (the
-    external data is referenced, not copied). The sampling head with per-row draft counts (graphs/batch_oracle.py)
-    is what remains."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    from specpack import names
-
-    if out_onnx.parent.resolve() != onnx_path.parent.resolve():
-        raise SpecpackError("the greedy head's graph must sit beside the plain graph", expected=str(onnx_path.parent),
-                            found=str(out_onnx.parent))
-    model = onnx.load(str(onnx_path), load_external_data=False)
-    graph = model.graph
-    graph.node.append(helper.make_node("ArgMax", [names.LOGITS], [GREEDY_BEST], axis=-1, keepdims=0))
-    logits = next(o for o in graph.output if o.name == names.LOGITS)
-    batch, seq = (d.dim_param or d.dim_value for d in logits.type.tensor_type.shape.dim[:2])
-    best = helper.make_tensor_value_info(GREEDY_BEST, TensorProto.INT64, [batch, seq])
-    outputs = [best if o.name == names.LOGITS else o for o in graph.output]
-    del graph.output[:]
-    graph.output.extend(outputs)
-    onnx.save(model, str(out_onnx))

@@ -52,12 +52,15 @@ class ExportConfig:
     execution_provider: str = "cpu"   # "cpu" or "cuda": what the builder builds for (--graphs builder only)
     max_tree_nodes: int = 0           # > 0: the target's verify.onnx verifies token trees of up to this many nodes
                                       # (docs/trees.md; static cache, torch graphs); 0: chains
+    max_batch: int = 0                # > 0: the batched graphs too (docs/batching.md): verify_batched.onnx (and
+                                      # draft_batched.onnx), requests decoded together up to this many; 0: none
 
     def __post_init__(self) -> None:
         if not self.kv_cache:  # the defaults are applied here, for the API and the CLI alike
             object.__setattr__(self, "kv_cache", default_kv_cache(self.form, self.graphs))
         check_export_k(self.k)
         self._check_tree()
+        self._check_batch()
         if self.max_len is not None and (not isinstance(self.max_len, int) or self.max_len < 2):
             raise SpecpackError("invalid --max-len", expected="an integer >= 2", found=repr(self.max_len))
         if self.dtype not in DTYPES:
@@ -107,6 +110,27 @@ class ExportConfig:
                                     "for torch graphs with the static KV cache so far", expected=expected, found=found,
                                     hint="leave out --max-tree-nodes for this form (the builder's graphs, the concat "
                                          "cache and the TensorRT heads are not built yet: docs/trees.md)")
+
+    def _check_batch(self) -> None:
+        """--max-batch: a number in range, and a pack the batched graphs are built for (the batched static form of
+        torch's fp32 graphs, CPU; docs/batching.md, "What remains")."""
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 0 <= self.max_batch <= 1024:
+            raise SpecpackError("invalid --max-batch", expected="an integer in 0..1024 (0: no batched graphs)",
+                                found=repr(self.max_batch))
+        if not self.max_batch:
+            return
+        refused = [(self.graphs != "torch", f"--graphs {self.graphs}", "--graphs torch"),
+                   (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime"),
+                   (self.dtype != "fp32", f"--dtype {self.dtype}", "--dtype fp32"),
+                   (self.max_tree_nodes > 0, "--max-tree-nodes", "chains"),
+                   (self.draft_head is not None, "--draft-head", "--drafter model or ngram"),
+                   (any(q not in (None, modes.NONE) for q in (self.quantize_draft, self.quantize_target)),
+                    "--quantize-*", "unquantized graphs")]
+        for bad, found, expected in refused:
+            if bad:
+                raise SpecpackError(f"--max-batch cannot be exported with {found} yet: the batched graphs are the fp32 "
+                                    "standard-attention static form of torch's graphs", expected=expected, found=found,
+                                    hint="leave out --max-batch (docs/batching.md, 'What remains')")
 
     def _check_graphs(self) -> None:
         """--graphs / --ep, and what the builder cannot do (builder_export.py lists it)."""

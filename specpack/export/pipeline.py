@@ -9,6 +9,8 @@
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
       -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (export/writer.py, the schema in contract/)
          (--max-tree-nodes T: the target's tree form + the tree head, and kv_compact.onnx; docs/trees.md)
+      -> (--max-batch B) each model's batched static form + its batched head: verify_batched.onnx (the batched
+         verify head), draft_batched.onnx (the greedy head); docs/batching.md
 
 Each stage is a function returning a frozen record (export/stages.py: Sources, PlainGraphs, QuantizedGraphs,
 AttachedGraphs) that the next stage reads; none is changed after it is returned. The work of each runs in its own
@@ -68,6 +70,7 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
         tokenizer = write_tokenizer(sources.target.model_dir, staging)
         quantized = measured_graphs(sources, quantized, tokenizer, staging, config)
         attached = attached_graphs(sources, quantized, staging, config)
+        attached = batched_graphs(sources, attached, work, staging, config)
         shutil.rmtree(work)
         write_pack_manifest(staging, config=config, sources=sources, graphs=attached, tokenizer=tokenizer)
         publish(staging, out, config.overwrite)
@@ -220,6 +223,37 @@ def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path
                        config.dtype, sources.vocab_size, config.kv_cache)
     return AttachedGraphs(files=files, quantization={role: g.quantization for role, g in quantized.graphs.items()},
                           head_file=head_file)
+
+
+def batched_graphs(sources: Sources, attached: AttachedGraphs, work: Path, pack_dir: Path,
+                   config: ExportConfig) -> AttachedGraphs:
+    """Stage 5 (--max-batch): each model in the batched static form (export/batched_export.py, its own process) with
+    its batched head (graphs/attach.py): the target's verify head, the draft's greedy head."""
+    if not config.max_batch:
+        return attached
+    from specpack.names import BATCHED_FILES
+
+    quantized = [m.role for m in sources.models if m.method != modes.NONE]
+    if quantized:  # the batched form is exported from the unquantized model: it would not be the pack's model
+        raise SpecpackError("--max-batch needs unquantized models", expected="--quantize-* none",
+                            found=f"{', '.join(quantized)} quantized (a .gguf source is, unless --dequantize)",
+                            hint="docs/batching.md, 'What remains'")
+    files: dict[Role, str] = {}
+    for model in sources.models:
+        plain, graph_file = work / f"{model.role}-batched.onnx", BATCHED_FILES[model.role]
+        with phase(f"exporting the {model.role}'s batched form and head ({graph_file})", _log):
+            _run_stage(_export_batched, config.isolate, model.model_dir, plain, pack_dir / graph_file, model.role,
+                       sources.vocab_size)
+        files[model.role] = graph_file
+    return replace(attached, batched=files)
+
+
+def _export_batched(model_dir: Path, plain: Path, out: Path, role: str, vocab_size: int) -> None:
+    from specpack.export.batched_export import export_batched_graph
+    from specpack.graphs.attach import build_batched_greedy_graph, build_batched_verify_graph
+
+    export_batched_graph(model_dir, plain)
+    (build_batched_verify_graph if role == "target" else build_batched_greedy_graph)(plain, out, vocab_size)
 
 
 def _check_draft_source(draft_src: str | None, config: ExportConfig) -> None:

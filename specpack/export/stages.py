@@ -14,7 +14,7 @@ Records are keyed by role ("draft", "target"), draft first; an n-gram or head pa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,3 +105,4 @@ class AttachedGraphs:
     files: Mapping[Role, str]                                # draft_step.onnx, verify.onnx
     quantization: Mapping[Role, QuantizationRecord | None]
     head_file: str | None = None                             # head_step.onnx of a head pack
+    batched: Mapping[Role, str] = field(default_factory=dict)  # --max-batch: verify_batched.onnx, draft_batched.onnx

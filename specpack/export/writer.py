@@ -53,7 +53,8 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
     graph_record = config.plain_graph_record()
     models = {model.role: _model_entry(pack_dir, graphs.files[model.role], model, config.dtype,
                                        graphs.quantization.get(model.role), graph_record,
-                                       config.max_tree_nodes if model.role == "target" else 0)
+                                       config.max_tree_nodes if model.role == "target" else 0,
+                                       _batched(pack_dir, graphs.batched.get(model.role), model.role, config.max_batch))
               for model in sources.models}
     head = sources.head
     return Manifest(
@@ -97,15 +98,28 @@ def _head_form(kv_cache: str) -> GraphForm:
     return GraphForm(kv_cache, "standard", "onnxruntime")
 
 
+def _batched(pack_dir: Path, graph_file: str | None, role: str, max_batch: int) -> dict[str, Any] | None:
+    """The model entry's `batched` record (contract BatchedForm) of its batched graph, if the export wrote one."""
+    from specpack import names
+    from specpack.export.graph_form import GraphForm
+
+    if graph_file is None:
+        return None
+    head, inputs = ("verify", [names.DRAFT_COUNTS, names.TOKEN_COUNTS]) if role == "target" else ("greedy", [])
+    return {"max_batch": max_batch, "head": head, "inputs": inputs,
+            "graph": graph_entry(pack_dir, graph_file, GraphForm("static", "standard", "onnxruntime"))}
+
+
 def _model_entry(pack_dir: Path, graph_file: str, model: Model, dtype: str, quantization: QuantizationRecord | None,
-                 graph_record: dict[str, str] | None = None, tree_nodes: int = 0) -> ModelEntry:
+                 graph_record: dict[str, str] | None = None, tree_nodes: int = 0,
+                 batched: dict[str, Any] | None = None) -> ModelEntry:
     info = model.info
     return ModelEntry.model_validate({
         "source": model.record(), "model_type": info.model_type, "num_layers": info.num_layers,
         "kv_heads": info.kv_heads, "head_dim": info.head_dim, "vocab_rows": info.vocab_rows,
         "max_positions": info.max_positions, "dtype": dtype,
         "graph": graph_entry(pack_dir, graph_file, model.form, graph_record, tree_nodes),
-        "quantization": None if quantization is None else dict(quantization)})
+        "quantization": None if quantization is None else dict(quantization), "batched": batched})
 
 
 def graph_entry(pack_dir: Path, graph_file: str, form: GraphForm | None = None,

@@ -26,6 +26,12 @@ from specpack import names
 from specpack.dtypes import BY_ONNX
 from specpack.errors import SpecpackError
 from specpack.graphs import sampling_graph, sampling_trt
+from specpack.graphs.batched_head import (
+    add_batched_greedy_head,
+    add_batched_verify_head,
+    batched_greedy_head_io,
+    batched_verify_head_io,
+)
 from specpack.graphs.heads import (
     AddHead,
     HeadIO,
@@ -33,7 +39,6 @@ from specpack.graphs.heads import (
     add_draft_head,
     add_verify_head,
     draft_head_io,
-    last_rows,
     verify_head_io,
 )
 from specpack.graphs.onnx_builder import GraphBuilder, Value
@@ -59,6 +64,18 @@ def build_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads:
     _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, verify_head_io(vocab_size))
 
 
+def build_batched_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads: str = "onnxruntime") -> None:
+    """The batched verify graph (docs/batching.md): the batched static form (export/batched_export.py) + the batched
+    verify head (batched_head.py), its lm_head computing K + 1 rows per batch row."""
+    add_head = partial(add_batched_verify_head, transform=TRANSFORMS[heads])
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, batched_verify_head_io(vocab_size))
+
+
+def build_batched_greedy_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
+    """The batched static form + the batched greedy head (`best` [B, S]): the batched greedy draft's graph."""
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_batched_greedy_head, batched_greedy_head_io())
+
+
 def build_tree_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, max_nodes: int) -> None:
     """verify.onnx of a tree pack: the target's tree form (torch_export.py: it takes `parents`) + the tree verify head
     (tree_head.py) in place of the chain head, reading the same `parents` (docs/trees.md)."""
@@ -82,18 +99,17 @@ def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: Head
     # edit: hidden [1, S, H] -> last rows [1, rows, H] -> lm_head -> logits [1, rows, V_model]
     #       -> [1, rows, vocab_size] -> head
     b = GraphBuilder(opset)
-    rows = io.rows(b)  # int64 [1]
     logits: Value = names.LOGITS
     lm_head = find_lm_head(graph)
     before_lm_head: list[onnx.NodeProto] = []
     if isinstance(lm_head, LmHead):
-        sliced = last_rows(b, lm_head.hidden, rows)
+        sliced = io.positions(b, lm_head.hidden)
         before_lm_head, b.nodes = b.nodes, []  # they go right before the lm_head MatMul
     else:
         warnings.warn(f"{plain}: lm_head not recognized, so logits are computed at every position and sliced "
                       f"after (correct, but prefill pays S * H * V * 2 flops): {lm_head}",
                       LogitsNotPrunedWarning, stacklevel=3)
-        logits = last_rows(b, logits, rows)
+        logits = io.positions(b, logits)
     if model_vocab != vocab_size:  # padded embedding rows (or a symbolic V): keep the tokenizer's ids
         logits = b.slice(logits, 0, vocab_size, axis=2)
     add_head(b, logits, logits_type, vocab_size)

@@ -28,15 +28,22 @@ AddHead = Callable[[GraphBuilder, Value, int, int | None], None]  # (builder, lo
 Rows = Callable[[GraphBuilder], Value]  # -> int64 [1]: how many last positions of the forward pass a head reads
 # (builder, fp32 logits [N, V], temperature, top_k, top_p, V) -> probs [N, V]: sg.transform, or sampling_trt.transform
 Transform = Callable[[GraphBuilder, Value, Value, Value, Value, int | None], Value]
+Select = Callable[[GraphBuilder, Value], Value]  # [B, S, ...] -> the positions a head reads, [B, R, ...]
 
 
 @dataclass(frozen=True)
 class HeadIO:
-    """A head's extra graph inputs, its outputs (as ValueInfos), and the number of last positions it reads."""
+    """A head's extra graph inputs, its outputs (as ValueInfos), and the number of last positions it reads (or, with
+    `select`, which positions of each batch row: the batched verify head's, graphs/batched_head.py)."""
 
     inputs: list[onnx.ValueInfoProto]
     outputs: list[onnx.ValueInfoProto]
     rows: Rows
+    select: Select | None = None
+
+    def positions(self, b: GraphBuilder, x: Value) -> Value:
+        """The positions of x [B, S, ...] the head reads: `select`, or the last `rows`."""
+        return self.select(b, x) if self.select is not None else last_rows(b, x, self.rows(b))
 
 
 def last_rows(b: GraphBuilder, x: Value, rows: Value) -> Value:
@@ -127,6 +134,26 @@ def add_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vo
     seq_len = b.op("Shape", names.INPUT_IDS, start=1, end=2)  # [1]
     drafts = b.slice(names.INPUT_IDS, b.op("Sub", seq_len, k), INT64_MAX, axis=1)  # [1, k]
     drafts = b.op("Squeeze", drafts, b.const([0]))  # [k]
+    q = b.op("Squeeze", names.DRAFT_PROBS, b.const([0]))  # [k, V] draft
+    u = b.op("Squeeze", names.UNIFORMS, b.const([0]))  # [k+1]
+    sampling = ChainSampling(names.TEMPERATURE, names.TOP_K, names.TOP_P)
+    verify_chain(b, x, drafts, q, u, k, sampling, vocab, transform, out_names=[names.N_ACCEPTED, names.NEXT_TOKEN])
+
+
+@dataclass(frozen=True)
+class ChainSampling:
+    """One request's sampling inputs as graph values: temperature fp32 [1], top_k int64 [1], top_p fp32 [1]."""
+
+    temperature: Value
+    top_k: Value
+    top_p: Value
+
+
+def verify_chain(b: GraphBuilder, x: Value, drafts: Value, q: Value, u: Value, k: Value, sampling: ChainSampling,
+                 vocab: int | None, transform: Transform, out_names: list[str] | None = None) -> list[Value]:
+    """One chain's acceptance (sketch in add_verify_head): fp32 logits x [k+1, V], drafts [k], q [k, V], u [k+1],
+    k int64 [1] -> n_accepted [1], next_token [1]. The batch-1 head and each row of the batched one
+    (batched_head.py) run this."""
 
     def greedy(sub: GraphBuilder) -> list[Value]:
         best = sub.op("ArgMax", x, axis=-1, keepdims=0)  # [k+1]
@@ -134,17 +161,16 @@ def add_verify_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vo
         return [n, sub.op("Gather", best, n, axis=0)]
 
     def sample(sub: GraphBuilder) -> list[Value]:
-        return list(_rejection_sample(sub, x, drafts, k, vocab, transform))
+        return list(_rejection_sample(sub, x, drafts, q, u, k, sampling, vocab, transform))
 
-    b.if_(_is_greedy(b), greedy, sample, [INT64, INT64], out_names=[names.N_ACCEPTED, names.NEXT_TOKEN])
+    greedy_row = b.op("Equal", sampling.temperature, b.const([0.0], np.float32))  # [1] bool
+    return b.if_(greedy_row, greedy, sample, [INT64, INT64], out_names=out_names)
 
 
-def _rejection_sample(b: GraphBuilder, x: Value, drafts: Value, k: Value, vocab: int | None,
-                      transform: Transform) -> tuple[Value, Value]:
+def _rejection_sample(b: GraphBuilder, x: Value, drafts: Value, q: Value, u: Value, k: Value, sampling: ChainSampling,
+                      vocab: int | None, transform: Transform) -> tuple[Value, Value]:
     """The sampling branch of the verify head (sketch in add_verify_head): -> n [1], next token [1]."""
-    p = transform(b, x, names.TEMPERATURE, names.TOP_K, names.TOP_P, vocab)  # [k+1, V] target
-    q = b.op("Squeeze", names.DRAFT_PROBS, b.const([0]))  # [k, V] draft
-    u = b.op("Squeeze", names.UNIFORMS, b.const([0]))  # [k+1]
+    p = transform(b, x, sampling.temperature, sampling.top_k, sampling.top_p, vocab)  # [k+1, V] target
     index = b.op("Unsqueeze", drafts, b.const([1]))  # [k, 1]
     p_x = b.op("GatherElements", p, index, axis=1)  # [k, 1] p_i(x_i): rows 0..k-1 of p
     q_x = b.op("GatherElements", q, index, axis=1)  # [k, 1] q_i(x_i) > 0
@@ -152,7 +178,7 @@ def _rejection_sample(b: GraphBuilder, x: Value, drafts: Value, k: Value, vocab:
     lhs = b.op("Mul", b.slice(u, 0, k, axis=0), b.op("Squeeze", q_x, b.const([1])))  # [k]
     n = sg.count_leading(b, b.op("Less", lhs, b.op("Squeeze", p_x, b.const([1]))))  # [1]
     # q padded with a zero row: n == k gives max(0, p_k - 0) = p_k, the bonus distribution.
-    zeros = b.op("ConstantOfShape", b.op("Concat", b.const([1]), sg.vocab_size(b, q, vocab), axis=0))  # [1, V]
+    zeros = b.op("ConstantOfShape", b.op("Concat", b.const([1]), sg.vocab_size(b, p, vocab), axis=0))  # [1, V]
     q_ext = b.op("Concat", q, zeros, axis=0)  # [k+1, V]
     p_n = b.op("Gather", p, n, axis=0)  # [1, V]
     residual = b.op("Relu", b.op("Sub", p_n, b.op("Gather", q_ext, n, axis=0)))  # [1, V] max(0, p_n - q_n)

@@ -72,6 +72,26 @@ class GraphBuilder:
         self.nodes.append(node)
         return names
 
+    def scan(self, inputs: Sequence[Value], body_fn: Callable[[GraphBuilder, list[Value]], Sequence[Value]],
+             in_types: Sequence[int], out_types: Sequence[int]) -> list[Value]:
+        """A `Scan` node over axis 0 of each of `inputs` (no state): `body_fn` gets one slice of each (named inputs
+        of the body, their first axis dropped) on a fresh body builder and returns the per-iteration outputs, stacked
+        along a new axis 0. `in_types` are the inputs' dtypes, `out_types` the outputs'."""
+        sub = GraphBuilder(self.opset, self.prefix, self._counter)
+        body_inputs = [sub.fresh("row") for _ in inputs]
+        values = body_fn(sub, body_inputs)
+        made = {o for node in sub.nodes for o in node.output}
+        results = [v if v in made else sub.op("Identity", v) for v in values]
+        if len(results) != len(out_types):
+            raise ValueError(f"scan body gave {len(results)} outputs, expected {len(out_types)}")
+        ins = [helper.make_tensor_value_info(n, t, None) for n, t in zip(body_inputs, in_types, strict=True)]
+        outs = [helper.make_tensor_value_info(r, t, None) for r, t in zip(results, out_types, strict=True)]
+        body = helper.make_graph(sub.nodes, self.fresh("body"), ins, outs)
+        names = [self.fresh("scan") for _ in out_types]
+        self.nodes.append(helper.make_node("Scan", list(inputs), names, name=self.fresh("Scan"), body=body,
+                                           num_scan_inputs=len(inputs)))
+        return names
+
     # Small conveniences used by every head: slicing one axis and reducing with axes as an input.
 
     def slice(self, x: Value, start: Value | int, end: Value | int, axis: int) -> Value:

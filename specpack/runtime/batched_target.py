@@ -9,12 +9,11 @@
     its mask ones at [0, L_b + S); a row of [lo, hi) that is not in the run is a pad row (its writes land past its
     length, where nothing reads them: the rollback rule). Needs L_b + S <= M for every row of [lo, hi).
 
-This first engine is greedy only: its head is argmax (`best` [B, S], export/batched_export.py's attach_greedy_head)
-and the acceptance runs on the host from those integers (graphs/oracle.py's greedy_verify). Sampling rows need the
-batched verify head (graphs/batch_oracle.py is its oracle): refused here with a clear error.
-
-It is both the loop's TargetModel (prefill, a single row's verify) and the scheduler's RowVerifier (a step's rows in
-one run), over the same caches.
+BatchedRuns holds that; its heads: BatchedGreedyTarget (argmax, `best` [B, S], graphs/attach.py's
+build_batched_greedy_graph; the acceptance on the host from those integers, graphs/oracle.py's greedy_verify: greedy rows only,
+the batched greedy draft's engine) and BatchedTarget (runtime/batched_verify.py: the batched verify head,
+graphs/batched_head.py, for every request). Each is both the loop's TargetModel (prefill, a single row's verify) and
+the scheduler's RowVerifier (a step's rows in one run), over the same caches.
 """
 
 from __future__ import annotations
@@ -22,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,14 +31,16 @@ from specpack.graphs.oracle import greedy_verify
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
-GREEDY_BEST = "best"
 
+class BatchedRuns:
+    """The caches and the run of a batched static-form graph, whatever its head (module docstring): `bind` lays out a
+    run's rows, the subclass adds its head's inputs and outputs."""
 
-class BatchedGreedyTarget:
-    def __init__(self, graph_path: Path, *, num_layers: int, kv_heads: int, head_dim: int, width: int, slots: int,
+    def __init__(self, graph: Path | OrtGraph, *, num_layers: int, kv_heads: int, head_dim: int, width: int, slots: int,
                  k_max: int, threads: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        """width: M, the cache rows per slot (max_len + k_max + 1: a padded row never runs off the buffer)."""
-        self.graph = OrtGraph(graph_path, threads=threads)
+        """graph: the graph's path, or its session opened by a backend; width: M, the cache rows per slot (max_len +
+        k_max + 1: a padded row never runs off the buffer)."""
+        self.graph = graph if isinstance(graph, OrtGraph) else OrtGraph(graph, threads=threads)
         self._binding = self.graph.new_binding()
         self.width, self.slots, self.clock = width, slots, clock
         rows = max(k_max + 1, width)  # the longest run: a prompt (or its chunk), or k_max + 1 verify rows
@@ -48,12 +50,10 @@ class BatchedGreedyTarget:
         self._mask = np.zeros((slots, width), np.int64)      # [slots, M]
         self._ids = np.zeros(slots * rows, np.int64)         # flat: [B, S] views of its first B*S entries
         self._pos = np.zeros(slots * rows, np.int64)
-        self._best = np.zeros(slots * rows, np.int64)
+        self.rows, self.k_max = rows, k_max
         self._arange = np.arange(width, dtype=np.int64)      # [M] positions (views)
         self.lengths = [0] * slots                           # cached rows of each slot
         self.runs: list[int] = []                            # rows (B) of each run: tests
-
-    # --- TargetModel ---
 
     def reset(self, state: DecodeState) -> None:
         self.lengths[state.slot] = 0
@@ -64,6 +64,10 @@ class BatchedGreedyTarget:
     def verify(self, state: DecodeState, proposal: Proposal) -> VerifyResult:
         return self.verify_rows([(state, proposal)])[0][0]
 
+    def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
+        """The scheduler's RowVerifier: every row's verify in one run; each row's share of its time."""
+        raise NotImplementedError
+
     def prefill_chunk(self, state: DecodeState, end: int) -> None:
         cached = self.lengths[state.slot]
         if not cached < end < state.length:
@@ -71,7 +75,49 @@ class BatchedGreedyTarget:
         self.run({state.slot: state.ids[cached:end]})
         self.lengths[state.slot] = end
 
-    # --- RowVerifier ---
+    def close(self) -> None:
+        self.graph.close()
+
+    def run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """One run over `tokens` (slot -> its new tokens) whose head output is dropped (a prefill chunk): the caches."""
+        raise NotImplementedError
+
+    def bind(self, tokens: dict[int, np.ndarray]) -> tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """A run over the slots [lo, hi) = [min, max] of `tokens` (slot -> its new tokens): (lo, seq, inputs, outputs)
+        of the plain graph (ids, positions, mask, caches); the head's are the caller's. Records the run's rows."""
+        lo, hi = min(tokens), max(tokens) + 1
+        seq = max(2, *(len(t) for t in tokens.values()))
+        batch = hi - lo
+        ids = self._ids[: batch * seq].reshape(batch, seq)      # [B, S]
+        pos = self._pos[: batch * seq].reshape(batch, seq)      # [B, S]
+        for r, slot in enumerate(range(lo, hi)):
+            start, new = self.lengths[slot], tokens.get(slot)
+            if start + seq > self.width:
+                raise SpecpackError("the sequence does not fit the batched KV cache",
+                                    expected=f"cached + new <= {self.width} in every row of the run",
+                                    found=f"slot {slot}: {start} cached + {seq} new")
+            if new is None:                                         # a pad row: a slot not in this run
+                ids[r] = 0
+            else:
+                ids[r, : len(new)] = new
+                ids[r, len(new) :] = new[-1]                        # pads: any token
+            pos[r] = self._arange[start : start + seq]
+            self._mask[slot, : start + seq] = 1
+            self._mask[slot, start + seq :] = 0
+        inputs: dict[str, np.ndarray] = {names.INPUT_IDS: ids, names.POSITION_IDS: pos, names.ATTENTION_MASK: self._mask[lo:hi],
+                  **{name: kv[lo:hi] for name, kv in zip(self._past, self._kv, strict=True)}}
+        outputs = {name: kv[lo:hi] for name, kv in zip(self._present, self._kv, strict=True)}
+        self.runs.append(batch)
+        return lo, seq, inputs, outputs
+
+
+class BatchedGreedyTarget(BatchedRuns):
+    """The batched graph with the greedy head (`best` [B, S]): the acceptance on the host. The batched greedy draft's
+    engine (batched_draft.py); as a target, greedy rows only (BatchedTarget verifies every request)."""
+
+    def __init__(self, graph: Path | OrtGraph, **kwargs: Any) -> None:
+        super().__init__(graph, **kwargs)
+        self._best = np.zeros(self.slots * self.rows, np.int64)
 
     def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
         """Every row's verify in one run; each row's share of its time is the run's over the rows."""
@@ -94,35 +140,9 @@ class BatchedGreedyTarget:
         share = (self.clock() - t) / len(rows)
         return [(result, share) for result in out]
 
-    def close(self) -> None:
-        self.graph.close()
-
     def run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """One run over the slots [min, max] of `tokens` (slot -> its new tokens); slot -> its best [S] (a view)."""
-        lo, hi = min(tokens), max(tokens) + 1
-        seq = max(2, *(len(t) for t in tokens.values()))
-        batch = hi - lo
-        ids = self._ids[: batch * seq].reshape(batch, seq)      # [B, S]
-        pos = self._pos[: batch * seq].reshape(batch, seq)      # [B, S]
-        best = self._best[: batch * seq].reshape(batch, seq)    # [B, S]
-        for r, slot in enumerate(range(lo, hi)):
-            start, new = self.lengths[slot], tokens.get(slot)
-            if start + seq > self.width:
-                raise SpecpackError("the sequence does not fit the batched KV cache",
-                                    expected=f"cached + new <= {self.width} in every row of the run",
-                                    found=f"slot {slot}: {start} cached + {seq} new")
-            if new is None:                                         # a pad row: a slot not in this run
-                ids[r] = 0
-            else:
-                ids[r, : len(new)] = new
-                ids[r, len(new) :] = new[-1]                        # pads: any token
-            pos[r] = self._arange[start : start + seq]
-            self._mask[slot, : start + seq] = 1
-            self._mask[slot, start + seq :] = 0
-        inputs: dict[str, np.ndarray] = {names.INPUT_IDS: ids, names.POSITION_IDS: pos, names.ATTENTION_MASK: self._mask[lo:hi],
-                  **{name: kv[lo:hi] for name, kv in zip(self._past, self._kv, strict=True)}}
-        outputs: dict[str, np.ndarray] = {GREEDY_BEST: best,
-                                          **{name: kv[lo:hi] for name, kv in zip(self._present, self._kv, strict=True)}}
-        self.graph.run(self._binding, inputs, outputs)
-        self.runs.append(batch)
+        """One run; slot -> its best [S] (a view)."""
+        lo, seq, inputs, outputs = self.bind(tokens)
+        best = self._best[: len(inputs[names.INPUT_IDS]) * seq].reshape(-1, seq)    # [B, S]
+        self.graph.run(self._binding, inputs, {names.BEST: best, **outputs})
         return {slot: best[slot - lo] for slot in tokens}

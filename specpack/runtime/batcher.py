@@ -93,6 +93,7 @@ class Batcher(Generic[J]):
         self.steps = 0                # iterations run (tests and metrics)
         self.batch_sizes: list[int] = []  # rows decoding at each iteration (bounded: the last 4096)
         self.on_step: Callable[[int], None] | None = None  # after each iteration, with its rows (server metrics)
+        self.closers: list[Callable[[], None]] = []  # run by close() once the thread ended (engines it owns)
         self._thread = threading.Thread(target=self._run, name="specpack-batcher", daemon=True)
         self._thread.start()
 
@@ -132,6 +133,9 @@ class Batcher(Generic[J]):
             self._cv.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join()
+            closers, self.closers = self.closers, []
+            for closer in closers:
+                closer()
 
     def _run(self) -> None:
         while True:

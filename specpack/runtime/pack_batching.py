@@ -27,7 +27,7 @@ from specpack.runtime.stop_strings import TextOut
 if TYPE_CHECKING:
     from specpack.runtime.backend import TargetModel
     from specpack.runtime.batched_draft import BatchedGreedyDrafter
-    from specpack.runtime.batched_target import BatchedGreedyTarget as BatchedTarget
+    from specpack.runtime.batched_target import BatchedRuns
     from specpack.runtime.drafter import Drafter
     from specpack.runtime.pack import Generation, Pack
 
@@ -66,8 +66,8 @@ class PackRows:
         job.text = text = TextOut(pack.tokenizer, request.stop, job.handle.text)
         state = pack.new_state(prepared, policy, slot)
         drafter = pack.drafters[prepared.drafter]
-        if prepared.drafter == "model" and self.model_drafter is not None:
-            drafter = self.model_drafter
+        if prepared.drafter == "model" and self.model_drafter is not None and request.sampling.greedy:
+            drafter = self.model_drafter  # the batched greedy draft; a sampling row's q comes from its own slot
         decoding = Decoding(state, self.target, drafter, policy, text.push,
                             time.perf_counter)
         halt = text.halt(_Either(job.handle.cancel_event, job.cancel))
@@ -94,16 +94,23 @@ class PackRows:
 
 
 def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int,
-                   batched: BatchedTarget | None = None, batched_draft: BatchedGreedyDrafter | None = None,
+                   batched: BatchedRuns | None = None, batched_draft: BatchedGreedyDrafter | None = None,
                    batch_policy: BatchPolicy | None = None) -> Batcher[PackJob]:
     """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier), or over a batched
-    target (one run per step: runtime/batched_target.py) and optionally a batched draft (batched_draft.py), on its
-    own thread. batch_policy: the cap on k (None: BatchKCap with a batched target, else NoCap)."""
+    target (one run per step: runtime/batched_verify.py) and optionally a batched draft (batched_draft.py), on its
+    own thread. Without `batched`, a pack exported with --max-batch gets its own (the backend's batched_engines: cpu)
+    when max_batch > 1. batch_policy: the cap on k (None: BatchKCap with a batched target, else NoCap)."""
     if isinstance(max_batch, int) and max_batch > pack.slots:
         raise SpecpackError("max_batch exceeds the backend's cache slots", expected=f"max_batch <= {pack.slots}",
                             found=f"max_batch {max_batch}",
                             hint="load the pack with options=BackendOptions(slots=N), one KV cache per row")
     config = SchedulerConfig(max_batch=max_batch, prefill_chunk=prefill_chunk)
+    closers = []
+    if batched is None and max_batch > 1 and hasattr(pack.backend, "batched_engines"):  # the pack's own (--max-batch)
+        engines = pack.backend.batched_engines(max_batch)
+        if engines is not None:
+            batched, batched_draft = engines.target, batched_draft or engines.drafter
+            closers = [engines.target.close] + ([engines.drafter.engine.close] if engines.drafter is not None else [])
     if batched is not None:  # one run per step: speculation is turned down as the batch grows (batch_k.py)
         rows = PackRows(pack, batched, batched_draft)
         scheduler = Scheduler(config, batched, rows.open, rows.finish, batched,
@@ -119,5 +126,6 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
         scheduler = Scheduler(config, chunked, rows.open, rows.finish, SerialVerifier(target, time.perf_counter),
                               batch_policy=batch_policy or NoCap())
     batcher = Batcher(scheduler, pack.exclusive, max_waiting=max_waiting)
+    batcher.closers.extend(closers)
     rows.batcher = batcher
     return batcher

@@ -2,7 +2,8 @@
 (runtime/batched_target.py): rows of different committed lengths in one ONNX Runtime run, each with the logits it has
 alone, and requests through the scheduler with one run per step giving the tokens they give alone.
 
-Slow: it exports the tiny target in the batched form (about 20 s on 2 cores)."""
+Slow (its checks against transformers and the greedy-only engine); the batched plain graphs come from the tiny store
+(conftest.py's tiny_batched_plain), exported once per code version."""
 
 from __future__ import annotations
 
@@ -14,33 +15,30 @@ import pytest
 import specpack
 from specpack import names
 from specpack.errors import SpecpackError
+from specpack.graphs.attach import build_batched_greedy_graph
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.batch_k import NoCap
 from specpack.runtime.batched_target import BatchedGreedyTarget
 from specpack.runtime.request import GenerateRequest
+from tests.runtime.test_batched_sampling import attached_copy
 
 pytestmark = pytest.mark.slow
-
-
-def _export(model_dir: Path, out: Path) -> tuple[Path, Path]:
-    from specpack.export.batched_export import attach_greedy_head, export_batched_graph
-
-    export_batched_graph(model_dir, out)
-    head = out.with_name(f"{out.stem}_greedy.onnx")
-    attach_greedy_head(out, head)
-    return out, head
+VOCAB = 330  # the tiny pairs' vocabulary (tests/tiny.py)
 
 
 @pytest.fixture(scope="module")
-def batched_graph(tiny_pairs, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the batched plain graph, the same with the greedy head) of the qwen2 noisy pair's target."""
-    return _export(tiny_pairs("qwen2", "noisy")[1], tmp_path_factory.mktemp("batched") / "target.onnx")
+def batched_graph(tiny_batched_plain, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the batched plain graph, a copy with the greedy head) of the qwen2 noisy pair's target."""
+    plain = tiny_batched_plain("qwen2", "noisy")
+    out = tmp_path_factory.mktemp("batched") / "target_greedy.onnx"
+    return plain, attached_copy(plain, out, VOCAB, build_batched_greedy_graph)
 
 
 @pytest.fixture(scope="module")
-def batched_draft_graph(tiny_pairs, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def batched_draft_graph(tiny_batched_plain, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pair's draft in the batched form, with the greedy head."""
-    return _export(tiny_pairs("qwen2", "noisy")[0], tmp_path_factory.mktemp("batched") / "draft.onnx")[1]
+    out = tmp_path_factory.mktemp("batched") / "draft_greedy.onnx"
+    return attached_copy(tiny_batched_plain("qwen2", "noisy", "draft"), out, VOCAB, build_batched_greedy_graph)
 
 
 def test_each_row_has_the_logits_it_has_alone(tiny_pairs, batched_graph: tuple[Path, Path]) -> None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from specpack import names
-from specpack.contract.manifest import HeadEntry, Manifest, ModelEntry
+from specpack.contract.manifest import BatchedForm, HeadEntry, Manifest, ModelEntry
 from specpack.contract.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
@@ -34,6 +35,9 @@ from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.static_kv_cache import StaticKVCache
 from specpack.runtime.target import EngineBackend
+
+if TYPE_CHECKING:
+    from specpack.runtime.backends.cpu_batched import BatchedEngines
 
 
 def load(path: Path, manifest: Manifest, options: BackendOptions) -> OrtBackend:
@@ -259,7 +263,14 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
         return OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max, m.vocab_size,
                         _feeds_positions(m.draft))
 
-    def _graph(self, entry: ModelEntry | HeadEntry) -> OrtGraph:
+    def batched_engines(self, max_batch: int) -> BatchedEngines | None:
+        """The pack's batched graphs (spec-export --max-batch) opened for up to max_batch rows: the batched target
+        and, with a draft model, the batched greedy drafter (cpu_batched.py); None for a pack without them."""
+        from specpack.runtime.backends.cpu_batched import open_batched
+
+        return open_batched(self.manifest, max_batch, self._graph)
+
+    def _graph(self, entry: ModelEntry | HeadEntry | BatchedForm) -> OrtGraph:
         source: Path | GraphBytes = self.path / entry.graph.path
         if self.options.verified_reads:
             source = graph_bytes(self.path, self.manifest, entry.graph)

@@ -1,0 +1,35 @@
+"""spec-export --max-batch: the forms it is refused for (expected / found / hint), its range, and the CLI flag reaching
+ExportConfig. The pack it writes is tested end to end in tests/runtime/test_batched_sampling.py (slow: it exports)."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from specpack.cli.main import spec_export
+from specpack.errors import SpecpackError
+from specpack.export.config import ExportConfig
+
+
+@pytest.mark.parametrize(("options", "found"), [
+    ({"graphs": "builder"}, "--graphs builder"),
+    ({"dtype": "fp16"}, "--dtype fp16"),
+    ({"kv_cache": "static", "max_tree_nodes": 8}, "--max-tree-nodes"),
+    ({"quantize_target": "int4"}, "--quantize-*"),
+])
+def test_max_batch_refused_for_other_forms(options: dict[str, object], found: str) -> None:
+    with pytest.raises(SpecpackError, match="--max-batch cannot be exported") as err:
+        ExportConfig(max_batch=4, **options)  # type: ignore[arg-type]
+    assert err.value.found == found and err.value.hint
+
+
+@pytest.mark.parametrize("batch", [-1, 1025, True])
+def test_max_batch_out_of_range(batch: object) -> None:
+    with pytest.raises(SpecpackError, match="invalid --max-batch"):
+        ExportConfig(max_batch=batch)  # type: ignore[arg-type]
+
+
+def test_the_cli_flag_reaches_the_config() -> None:
+    result = CliRunner().invoke(spec_export, ["--target", "nowhere", "--drafter", "ngram", "-o", "out",
+                                              "--max-batch", "4", "--quantize-target", "int4"])
+    assert result.exit_code == 2 and "--max-batch cannot be exported with --quantize-*" in result.output
