@@ -7,7 +7,8 @@ which the manifest's Quantization.method is).
            by ONNX Runtime's k-quant search (llama.cpp's make_qkx2), not round to nearest: on the real 0.5B draft
            it keeps greedy alpha within 0.006 of the unquantized draft's at k 1-4 where round to nearest loses
            up to 0.013 (32 HumanEval prompts; bench/README.md, "Which weights cost the int4 draft its alpha"),
-           at the same size and speed; quantizing takes 17x as long (2 minutes for the 0.5B on 2 cores)
+           at the same size and speed; the search costs 17x round to nearest's time with ONNX Runtime's own
+           code (2 minutes for the 0.5B on 2 cores), 1.8x less CPU than that with kquant.py's (the same numbers)
     gguf   a GGUF source's own blocks, carried over where they map exactly (gguf_blocks.py), else
            dequantized + quantized; the default for a .gguf source
 

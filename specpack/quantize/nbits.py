@@ -125,8 +125,9 @@ def quantize_rtn(weight: np.ndarray, bits: int, block_size: int, symmetric: bool
 def quantize_kquant(weight: np.ndarray, bits: int, block_size: int, rows_per_chunk: int = 4096) -> BlockQuant:
     """W [K, N] -> BlockQuant with ONNX Runtime's k-quant search (its matmul_nbits_quantizer's "k_quant"
     algorithm, llama.cpp's make_qkx2: per block, the scale and min minimizing an importance-weighted squared
-    error), with uint8 zero points. Columns of W are done in chunks, to bound memory."""
-    from onnxruntime.quantization.neural_compressor.weight_only import quant_tensor_k_quant_cpu
+    error), with uint8 zero points: kquant.py's copy of it, the same numbers on every core. Columns of W are done
+    in chunks, to bound memory."""
+    from specpack.quantize.kquant import kquant_blocks
 
     k, n = weight.shape
     if k % block_size:
@@ -135,8 +136,7 @@ def quantize_kquant(weight: np.ndarray, bits: int, block_size: int, rows_per_chu
     for start in range(0, n, rows_per_chunk):
         rows = np.ascontiguousarray(weight[:, start : start + rows_per_chunk].T, dtype=np.float32)  # [m, K]
         m = rows.shape[0]
-        with np.errstate(divide="ignore", invalid="ignore"):  # constant blocks: their candidates are NaN, never chosen
-            q, scale, zero = quant_tensor_k_quant_cpu(rows, bits, block_size)  # [m*K/bs, bs], [m*K/bs, 1] x 2
+        q, scale, zero = kquant_blocks(rows, bits, block_size)  # [m*K/bs, bs], [m*K/bs, 1] x 2
         parts.append(from_values(q.astype(np.uint8).reshape(m, k), scale.reshape(m, -1).astype(np.float32), bits,
                                  block_size, zero.reshape(m, -1).astype(np.uint8)))
     return BlockQuant(bits, block_size, np.concatenate([p.packed for p in parts]),
