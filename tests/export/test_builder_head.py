@@ -1,10 +1,10 @@
 """`spec-export --graphs builder --draft-head HEAD`: a head pack whose target is onnxruntime-genai's model builder
 graph with the features cache added (export/builder_features.py).
 
+Features: the builder graph's features cache equals transformers' hidden states of the tapped layers.
 Greedy: the target alone's tokens at every k and adaptive k, on the cpu backend and on the cuda backend's code
-(device="cpu"), and the builder target's features equal the torch static target's (the same residual streams).
-Sampling: the same tokens as the numpy reference over the same graphs for the same seed (the head's q and the
-verify's acceptance are the graphs the torch head pack's chi-squares test, tests/runtime/test_cuda_head.py).
+(device="cpu"). Sampling: the same tokens on both backends for the same seed, and the chi-square of
+tests/runtime/test_cuda_head.py with the head drafting over the builder target (its q tempered: rejected).
 """
 
 from __future__ import annotations
@@ -107,3 +107,21 @@ def _prefill_features(pack_dir: Path, ids: list[int]) -> np.ndarray:
         feeds["position_ids"] = np.arange(len(ids), dtype=np.int64)[None]
     out = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
     return np.asarray(out["target_features"][0, 0, : len(ids)])
+
+
+@needs_builder
+@pytest.mark.parametrize("broken", [False, True], ids=["honest", "tempered-q"])
+def test_sampling_with_the_head_on_builder_graphs_has_the_targets_distribution(head_dirs: tuple[Path, Path, Path],
+                                                                                broken: bool) -> None:
+    """tests/runtime/test_cuda_head.py's chi-square on the builder head pack (the cuda backend's code, CPU EP): the
+    head drafting over the builder target's features, against transformers' exact probabilities; the head's q
+    tempered (read back, squared, renormalized) must be rejected by the same test."""
+    from tests.e2e.test_sampling_distribution import P_FAIL, SAMPLES
+    from tests.runtime.test_cuda_head import device_head_pvalue
+
+    dev = device_pack(head_dirs[0], chunked_runs=True)
+    try:
+        p = device_head_pvalue(dev, head_dirs, broken, n=SAMPLES // 4 if broken else SAMPLES)
+    finally:
+        dev.close()
+    assert (p < P_FAIL) if broken else (p > P_FAIL)

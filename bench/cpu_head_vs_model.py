@@ -1,0 +1,83 @@
+"""The draft head against the 0.5B draft model on the CPU, same target quantization, same prompts, same run
+(issue 22's CPU target: the head drafter >= 1.3x the model drafter on HumanEval, int4 packs, 2 cores).
+
+    python bench/cpu_head_vs_model.py --model-pack PACK_0.5B --head-pack PACK_HEAD --prompts HumanEval.jsonl.gz \\
+        --out bench/results/cpu_head_vs_model.json [--prompts-per-file 6] [--max-new-tokens 96] [--threads 2]
+
+Both packs are loaded once; each prompt is decoded greedily by every configuration back to back (AR through each
+pack's own verify graph, the model drafter at adaptive k and k 4, the head at adaptive k, k 1 and k 2). Reported:
+per configuration the median over prompts of decode tokens/s (after the first token) and of the speedup over its
+own pack's AR, and the head's tokens/s over the model drafter's (adaptive vs adaptive, best fixed vs best fixed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+CONFIGS: list[tuple[str, str, str, int | None]] = [  # (label, pack, drafter, k)
+    ("model-ar", "model", "model", 0), ("model-auto", "model", "model", None), ("model-k4", "model", "model", 4),
+    ("head-ar", "head", "head", 0), ("head-auto", "head", "head", None), ("head-k1", "head", "head", 1),
+    ("head-k2", "head", "head", 2)]
+
+
+def main() -> None:
+    import specpack
+    from specpack.prompts import read_prompts
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model-pack", required=True)
+    parser.add_argument("--head-pack", required=True)
+    parser.add_argument("--prompts", nargs="+", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--prompts-per-file", type=int, default=6)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+
+    load_start = os.getloadavg()
+    packs = {name: specpack.load(path, threads=args.threads) for name, path in
+             (("model", args.model_pack), ("head", args.head_pack))}
+    prompts = [p for path in args.prompts for p in read_prompts([path], None)[: args.prompts_per_file]]
+    for _, pack, drafter, k in CONFIGS:  # warm-up: sessions, adaptive k's first costs
+        packs[pack].generate(prompts[0].text, 16, k=k, drafter=drafter, chat=prompts[0].chat)
+    rows: list[dict[str, Any]] = []
+    for prompt in prompts:
+        row: dict[str, Any] = {"id": prompt.id}
+        for label, pack, drafter, k in CONFIGS:
+            out = packs[pack].generate(prompt.text, args.max_new_tokens, k=k, drafter=drafter, chat=prompt.chat)
+            row[label] = {"tokens_per_s": out.stats["tokens_per_s"], "alpha": out.stats["alpha"],
+                          "tau": out.stats["tau"], "tokens": out.tokens}
+        for pack in ("model", "head"):
+            for label, owner, _, _ in CONFIGS:
+                if owner == pack:
+                    row[label]["identical"] = row[label]["tokens"] == row[f"{pack}-ar"]["tokens"]
+                    row[label]["speedup"] = row[label]["tokens_per_s"] / row[f"{pack}-ar"]["tokens_per_s"]
+        rows.append(row)
+        print(prompt.id, " ".join(f"{label} {row[label]['tokens_per_s']:.1f}" for label, *_ in CONFIGS), flush=True)
+    summary = {label: {"tokens_per_s": statistics.median(r[label]["tokens_per_s"] for r in rows),
+                       "speedup": statistics.median(r[label]["speedup"] for r in rows),
+                       "alpha": statistics.median(r[label]["alpha"] for r in rows),
+                       "identical": sum(r[label]["identical"] for r in rows)} for label, *_ in CONFIGS}
+    head_vs_model = {
+        "auto": statistics.median(r["head-auto"]["tokens_per_s"] / r["model-auto"]["tokens_per_s"] for r in rows),
+        "best_fixed": statistics.median(max(r["head-k1"]["tokens_per_s"], r["head-k2"]["tokens_per_s"])
+                                        / r["model-k4"]["tokens_per_s"] for r in rows)}
+    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                          "loadavg_start_end": [load_start, os.getloadavg()], "threads": args.threads},
+              "packs": {"model": args.model_pack, "head": args.head_pack}, "max_new_tokens": args.max_new_tokens,
+              "rows": rows, "summary": summary, "head_over_model": head_vs_model, "time": time.ctime()}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({"summary": summary, "head_over_model": head_vs_model}, indent=1))
+    for pack in packs.values():
+        pack.close()
+
+
+if __name__ == "__main__":
+    main()
