@@ -56,9 +56,11 @@ def add_features_cache(plain: Path, taps: tuple[int, ...], hidden: int) -> None:
     seq = b.op("Shape", names.INPUT_IDS, start=1, end=2)  # [1] S (a shape: a host value on every EP)
     total = b.op("ReduceSum", names.ATTENTION_MASK, b.const([1]), keepdims=0)  # [1] L + S, on the device
     start = b.op("Sub", total, _shape_value(b, seq))  # [1] L
-    scatter = b.op("ScatterND", names.PAST_TARGET_FEATURES, _row_indices(b, new, start), new)
-    graph.node.extend([*b.nodes, onnx.helper.make_node("Identity", [scatter], [names.TARGET_FEATURES],
-                                                       name="specpack/features/out")])
+    indices = _row_indices(b, new, start)
+    # the graph output is the ScatterND's own (no Identity after it): bound onto the input's buffer, ONNX Runtime's
+    # ScatterND then skips copying the cache and writes the S rows in place
+    graph.node.extend([*b.nodes, onnx.helper.make_node("ScatterND", [names.PAST_TARGET_FEATURES, indices, new],
+                                                       [names.TARGET_FEATURES], name="specpack/features/write")])
     cache_shape = [1, 1, max_len, hidden * len(taps)]
     graph.input.insert(_after(graph.input, names.ATTENTION_MASK),
                        onnx.helper.make_tensor_value_info(names.PAST_TARGET_FEATURES, dtype, cache_shape))
