@@ -77,7 +77,8 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
     record = json.loads((head / "head.json").read_text())
     result["train"] = {"probe_step_ms": per_step * 1e3, "steps": steps, "train_call_s": time.perf_counter() - t1,
                        "data": record["data"], "recipe": record["recipe"], "training": record["training"],
-                       "losses": record["losses"], "weights_sha256": record["weights_sha256"]}
+                       "losses": record["losses"], "heldout": record.get("heldout"),
+                       "weights_sha256": record["weights_sha256"]}
 
 
 def phase_export(args: argparse.Namespace, result: dict[str, Any]) -> None:

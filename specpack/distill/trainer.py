@@ -3,12 +3,15 @@
     target (frozen) ──resolve, load fp32, hash──> target_sha256
     corpus = data.build_corpus (or HEAD/ckpt/corpus.npz when resuming);  subset = frequency_subset(corpus)
     head = DraftHead(seeded init; embed, lm_head rows and final norm from the target)
-    for step in [start, steps):                                   batch = windows drawn from (seed, step) only
+    windows of seq_len tokens; every HOLDOUT_EVERY-th held out (never trained on)
+    for step in [start, steps):                        batch = training windows drawn from (seed, step) only
         x [B, N] ──target──> g [B, N, F] (tapped hidden states), p = softmax(logits[:, 1:, subset])  [B, N-1, V_sub]
         loss = Σ_i 0.8^i · KL(p || head.ttt_forward(g, x)[i])  over rows whose label counts, whose target argmax is
                in the subset, and (step i) whose row t >= i
         AdamW step (clip 0.5; lr: warmup, cosine);  every log_every: a loss-curve point;  every checkpoint_every,
-        at the end and at max_minutes: HEAD/ckpt/latest.pt
+        at the end and at max_minutes: HEAD/ckpt/latest.pt;  at checkpoints and the end: top-1 and loss per
+        training-time-test step on the held-out windows (the record's `heldout`: training top-1 alone cannot tell
+        a head that generalizes from one that memorized its few million tokens)
     HEAD/head.safetensors + head.json (head_file.py)
 """
 
@@ -28,6 +31,9 @@ from specpack.distill.config import DistillConfig
 from specpack.distill.data import Corpus, build_corpus, recipe
 from specpack.distill.subset import coverage, frequency_subset
 from specpack.errors import SpecpackError
+
+HOLDOUT_EVERY = 50  # every 50th training window is held out (never trained on): the record's held-out metric
+EVAL_WINDOWS = 64  # held-out windows evaluated at each checkpoint and at the end
 
 if TYPE_CHECKING:
     import torch
@@ -76,21 +82,27 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
                                   weight_decay=0.0)
     start, losses, wall = 0, [], 0.0
     window: list[list[float]] = []  # the steps since the last loss-curve point (a point is their mean)
+    evals: list[dict[str, Any]] = []  # held-out top-1 and loss per training-time-test step, at checkpoints and the end
     if state is not None:
         head.load_state_dict(state["head"], strict=False)
         optimizer.load_state_dict(state["optimizer"])
         start, losses, wall = int(state["step"]), list(state["losses"]), float(state["wall_s"])
         window[:] = state.get("window", [])
+        evals[:] = state.get("heldout", [])
         _log(f"resuming at step {start} of {config.steps}")
 
     def checkpoint(step: int, elapsed: float) -> None:
         save_checkpoint(out, {"step": step, "head": _trainable(head), "optimizer": optimizer.state_dict(),
                               "losses": losses, "window": window, "settings": settings, "target_sha256": target_sha,
-                              "wall_s": elapsed})
+                              "wall_s": elapsed, "heldout": evals})
+
+    def evaluate(step: int) -> None:
+        if heldout.size and (not evals or evals[-1]["step"] != step):
+            evals.append({"step": step, **_evaluate(head, target, corpus, heldout, config)})
 
     began = time.monotonic()
     step = start
-    windows = _windows(corpus, config.seq_len)
+    windows, heldout = _split(_windows(corpus, config.seq_len))
     with _progress(config, start) as bar:
         while step < config.steps:
             if config.max_minutes is not None and time.monotonic() - began > 60 * config.max_minutes:
@@ -116,7 +128,9 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
                 window.clear()
             bar(step, float(total.detach()), top1)
             if step % config.checkpoint_every == 0 and step < config.steps:
+                evaluate(step)
                 checkpoint(step, wall + time.monotonic() - began)
+    evaluate(step)
     elapsed = wall + time.monotonic() - began
     checkpoint(step, elapsed)
     if step < config.steps:
@@ -128,9 +142,11 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
               "recipe": recipe(config), "data": corpus.parts,
               "training": {**config.record(), "steps_done": step, "wall_s": round(elapsed, 3),
                            "torch": torch.__version__, "subset_coverage": round(coverage(corpus.ids, subset), 6)},
-              "losses": losses, "notes": dict(config.extra)}
+              "losses": losses, "heldout": evals, "notes": dict(config.extra)}
     save_head(out, head.cpu(), record)
-    _log(f"head written to {out} (loss {losses[0]['loss'] if losses else '?'} -> {losses[-1]['loss'] if losses else '?'})")
+    seen = f", held-out top-1 {evals[-1]['top1']}" if evals else ""
+    _log(f"head written to {out} (loss {losses[0]['loss'] if losses else '?'} -> {losses[-1]['loss'] if losses else '?'}"
+         f"{seen})")
     return out
 
 
@@ -180,6 +196,38 @@ def _windows(corpus: Corpus, seq_len: int) -> np.ndarray:
     return starts[trained]
 
 
+def _split(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(training windows, held-out windows): every HOLDOUT_EVERY-th window is never trained on, once there are at
+    least 2 * HOLDOUT_EVERY windows (a tiny corpus keeps them all for training and has no held-out metric)."""
+    if windows.size < 2 * HOLDOUT_EVERY:
+        return windows, windows[:0]
+    held = np.arange(windows.size) % HOLDOUT_EVERY == HOLDOUT_EVERY - 1
+    return windows[~held], windows[held]
+
+
+def _evaluate(head: DraftHead, target: Any, corpus: Corpus, heldout: np.ndarray, config: DistillConfig
+              ) -> dict[str, Any]:
+    """Top-1 agreement with the target and the loss of each training-time-test step on the first EVAL_WINDOWS
+    held-out windows (row-weighted over the batches), without gradients: what the head does on text it never saw."""
+    import torch
+
+    chosen = heldout[:EVAL_WINDOWS]
+    hits = np.zeros(config.ttt_steps)
+    loss = np.zeros(config.ttt_steps)
+    batches = 0
+    with torch.no_grad():
+        for first in range(0, chosen.size, config.batch):
+            starts = chosen[first:first + config.batch]
+            index = starts[:, None] + np.arange(config.seq_len)[None, :]
+            _, per_step, top1 = _step_metrics(head, target, corpus.ids[index].astype(np.int64), corpus.mask[index],
+                                              config)
+            hits += np.asarray(top1) * starts.size
+            loss += np.asarray(per_step) * starts.size
+            batches += starts.size
+    return {"windows": int(chosen.size), "top1": [round(float(v), 4) for v in hits / batches],
+            "loss": [round(float(v), 6) for v in loss / batches]}
+
+
 def _batch(corpus: Corpus, windows: np.ndarray, config: DistillConfig, step: int) -> tuple[np.ndarray, np.ndarray]:
     """ids int64 [B, N], mask [B, N] of the step's windows: drawn from (seed, step) alone, so resuming repeats them."""
     rng = np.random.Generator(np.random.Philox(np.random.SeedSequence([config.seed, step])))
@@ -191,11 +239,17 @@ def _batch(corpus: Corpus, windows: np.ndarray, config: DistillConfig, step: int
 def _train_step(head: DraftHead, target: Any, corpus: Corpus, windows: np.ndarray, config: DistillConfig, step: int,
                 num_layers: int) -> tuple[torch.Tensor, list[float], list[float]]:
     """The step's weighted loss (with its graph), the loss and top-1 agreement of each training-time-test step."""
+    ids_np, mask_np = _batch(corpus, windows, config, step)
+    return _step_metrics(head, target, ids_np, mask_np, config)
+
+
+def _step_metrics(head: DraftHead, target: Any, ids_np: np.ndarray, mask_np: np.ndarray, config: DistillConfig
+                  ) -> tuple[torch.Tensor, list[float], list[float]]:
+    """On windows ids [B, N] (mask [B, N]): the weighted loss, and the loss and top-1 of each training-time-test step."""
     import torch
 
     from specpack.heads.model import STEP_WEIGHT, soft_kl
 
-    ids_np, mask_np = _batch(corpus, windows, config, step)
     ids = torch.from_numpy(ids_np).to(config.device)
     with torch.no_grad():
         out = target(input_ids=ids, output_hidden_states=True)

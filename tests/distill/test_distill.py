@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specpack.cli.main import cli
 from specpack.distill.config import DistillConfig
-from specpack.distill.data import ids_sha256
+from specpack.distill.data import Corpus, ids_sha256
 from specpack.distill.seed_prompts import TEMPLATES, WORDS
 from specpack.distill.trainer import distill
 from specpack.errors import SpecpackError
@@ -91,6 +91,23 @@ def test_record(tiny_head: Callable[..., tuple[Path, Path]], tmp_path: Path) -> 
     assert record["recipe"]["sources"] == record["recipe"]["sources"][:1] and record["config"]["subset_size"] == 200
     subset = load_file(str(head / "head.safetensors"))["subset"]
     assert subset.shape == (200,) and torch.equal(subset, subset.sort().values)
+    heldout = record["heldout"][-1]  # evaluated at the end on windows never trained on
+    assert heldout["step"] == 120 and heldout["windows"] > 0
+    assert len(heldout["top1"]) == len(heldout["loss"]) == record["training"]["ttt_steps"]
+    assert all(0 <= v <= 1 for v in heldout["top1"]) and heldout["top1"][0] > 0
+
+
+def test_held_out_windows_are_never_trained_on() -> None:
+    from specpack.distill.trainer import HOLDOUT_EVERY, _batch, _split
+
+    windows = np.arange(0, 32 * 500, 32)
+    train, held = _split(windows)
+    assert held.size == 500 // HOLDOUT_EVERY and not set(held) & set(train) and train.size + held.size == windows.size
+    corpus = Corpus(np.arange(32 * 501, dtype=np.int32), np.ones(32 * 501, np.uint8), [])  # ids = offsets
+    config = DistillConfig(**{**TINY_HEAD_SETTINGS, "data": ("x",)})  # type: ignore[arg-type]
+    drawn = {int(s) for step in range(400) for s in _batch(corpus, train, config, step)[0][:, 0]}  # window starts
+    assert drawn <= set(train.tolist()) and len(drawn) > train.size // 2
+    assert _split(windows[: 2 * HOLDOUT_EVERY - 1])[1].size == 0  # a tiny corpus: no held-out windows
 
 
 def test_cli_with_prompt_data(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
