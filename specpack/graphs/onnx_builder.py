@@ -101,8 +101,11 @@ class GraphBuilder:
         return self.op("Slice", x, s, e, self.const([axis]))
 
     def reduce(self, op_type: str, x: Value, axis: int, keepdims: bool = True) -> Value:
-        """ReduceSum / ReduceMax / ReduceMin over one axis (axes as an input: opset 18+)."""
-        return self.op(op_type, x, self.const([axis]), keepdims=int(keepdims))
+        """ReduceSum / ReduceMax / ReduceMin over one axis (axes as an input: opset 18+). Without keepdims the axis is
+        kept, then squeezed: ONNX Runtime's CUDA EP refuses a reduction without keepdims over an empty axis (a tree
+        step of T = 0 nodes), which its CPU EP takes."""
+        kept = self.op(op_type, x, self.const([axis]), keepdims=1)
+        return kept if keepdims else self.op("Squeeze", kept, self.const([axis]))
 
 
 def tensor_info(name: str, elem_type: int, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:

@@ -150,10 +150,10 @@ def _accepted_path(b: GraphBuilder, test: Value, before: Value, ancestors: Value
                    index: Value) -> tuple[Value, Value, Value]:
     """From each node's test [T] bool: n_accepted [1], path [T+1] (module docstring), the deepest accepted row [1]."""
     passed = b.op("Cast", test, to=FLOAT)  # [T]
-    earlier_passed = b.op("MatMul", b.op("Cast", before, to=FLOAT), passed)  # [T] passing earlier siblings (exact)
+    earlier_passed = _matvec(b, b.op("Cast", before, to=FLOAT), passed)  # [T] passing earlier siblings (exact)
     chosen = b.op("And", test, b.op("Equal", earlier_passed, b.const(0.0, np.float32)))  # [T]
     not_chosen = b.op("Sub", b.const(1.0, np.float32), b.op("Cast", chosen, to=FLOAT))  # [T]
-    on_path = b.op("Equal", b.op("MatMul", ancestors, not_chosen), b.const(0.0, np.float32))  # [T]
+    on_path = b.op("Equal", _matvec(b, ancestors, not_chosen), b.const(0.0, np.float32))  # [T]
     on = b.op("Cast", on_path, to=FLOAT)  # [T]
     n = sg.count(b, on_path)  # [1]
     depth = b.op("Cast", b.reduce("ReduceSum", ancestors, axis=1, keepdims=False), to=FLOAT)  # [T] 1..T
@@ -162,11 +162,18 @@ def _accepted_path(b: GraphBuilder, test: Value, before: Value, ancestors: Value
     at_level = b.op("Mul", b.op("Cast", _outer("Equal", b, levels, depth), to=FLOAT),
                     b.op("Unsqueeze", on, b.const([0])))  # [T+1, T] the on-path node at each depth
     node_row = b.op("Cast", b.op("Add", index, b.const(1)), to=FLOAT)  # [T] 1..T
-    rows = b.op("MatMul", at_level, node_row)  # [T+1] (row 0: 0, the root)
+    rows = _matvec(b, at_level, node_row)  # [T+1] (row 0: 0, the root)
     valid = b.op("Cast", b.op("LessOrEqual", levels, b.op("Cast", n, to=FLOAT)), to=FLOAT)  # [T+1] 1 / 0
     path = b.op("Cast", b.op("Add", b.op("Mul", rows, valid), b.op("Sub", valid, b.const(1.0, np.float32))),
                 to=INT64)  # [T+1] rows, -1 past n
     return n, b.op("Unsqueeze", path, b.const([0])), b.op("Gather", path, n, axis=0)
+
+
+def _matvec(b: GraphBuilder, matrix: Value, vector: Value) -> Value:
+    """matrix [J, I] times vector [I] -> [J], as a row sum of products: exact on the small integers these hold, and
+    defined for I = 0 on every EP (ONNX Runtime's CUDA MatMul refuses the empty operands of a T = 0 tree step)."""
+    return b.reduce("ReduceSum", b.op("Mul", matrix, b.op("Unsqueeze", vector, b.const([0]))), axis=-1,
+                    keepdims=False)
 
 
 def _keep(b: GraphBuilder, rows: Value, last: Value) -> Value:
