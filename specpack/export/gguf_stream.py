@@ -9,7 +9,8 @@ the file's metadata, gguf-py's `dequantize`, the architecture's `TensorProcessor
 permutation) and `get_gguf_hf_weights_map` for the names; then what `save_pretrained` keeps (tied weights once,
 `remove_tied_weights_from_state_dict`). Only families transformers loads through that legacy path and that
 have no weight conversions on save are covered (STREAMED); the output equals the whole-model path's tensor for
-tensor (tests/export/test_gguf_stream.py, and the real Qwen2.5-Coder files: docs/gguf-conversion.md).
+tensor, byte for byte (tests/export/test_gguf_stream.py; the real Qwen2.5-Coder 0.5B and 1.5B files: README.md,
+"Requirements, as measured").
 
 The safetensors file is written as the `safetensors` package writes it: a header of every tensor's dtype,
 shape and byte range (sorted by name, all F32), padded with spaces to 8 bytes, then the data in that order.
@@ -26,6 +27,7 @@ from typing import Any
 STREAMED = frozenset({"qwen2", "llama"})  # GGUF architecture == transformers model_type, legacy loader, no renames
 ROWS = 4096  # rows dequantized at once: gguf-py's numpy dequantize needs a few times its output in temporaries
 WEIGHTS = "model.safetensors"
+ONE_FILE = 50 * 10**9  # save_pretrained's default max_shard_size: a larger model is sharded, by the whole path
 
 
 class NotStreamable(Exception):
@@ -90,6 +92,8 @@ def _plan(gguf_path: Path) -> tuple[Any, ...]:
         sources[hf_name] = tensor
     if set(sources) != set(kept):
         raise NotStreamable("the file's tensors are not the saved weights one for one")
+    if sum(4 * state[name].numel() for name in kept) > ONE_FILE:
+        raise NotStreamable("more than one safetensors shard")
     return config, model, processor, parsed, mapping, sources, {name: tuple(state[name].shape) for name in kept}
 
 
