@@ -54,14 +54,18 @@ def _plan(gguf_path: Path) -> tuple[Any, ...]:
     import torch
     from gguf import GGUFReader
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers.integrations.gguf import is_gguf_arch_supported
-    from transformers.modeling_gguf_pytorch_utils import (
-        TENSOR_PROCESSORS,
-        TensorProcessor,
-        get_gguf_hf_weights_map,
-        load_gguf_checkpoint,
-    )
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    try:  # the loader's own pieces, as transformers 5.24 has them; a version without them converts the whole way
+        from transformers.integrations.gguf import is_gguf_arch_supported
+        from transformers.modeling_gguf_pytorch_utils import (
+            TENSOR_PROCESSORS,
+            TensorProcessor,
+            get_gguf_hf_weights_map,
+            load_gguf_checkpoint,
+        )
+        from transformers.modeling_utils import remove_tied_weights_from_state_dict
+    except ImportError as e:
+        raise NotStreamable(str(e)) from e
 
     from specpack.export.gguf_tensors import check_tensor_coverage
 
