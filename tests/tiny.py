@@ -141,9 +141,9 @@ def make_pair(family: str, root: Path, draft: DraftKind = "small", *, head_dim: 
 
 
 def qwen2_gguf_writer(path: Path, name: str, *, layers: int, hidden: int, heads: int, kv_heads: int,
-                      ffn: int):  # -> (gguf.GGUFWriter, vocabulary size)
-    """A GGUF writer for a tiny Qwen2 with its metadata and the tiny Qwen2 tokenizer set; the caller adds the tensors
-    and writes the file."""
+                      ffn: int, arch: str = "qwen2"):  # -> (gguf.GGUFWriter, vocabulary size)
+    """A GGUF writer for a tiny Qwen2 (or another `arch` with the same metadata keys) with its metadata and the tiny
+    Qwen2 tokenizer set; the caller adds the tensors and writes the file."""
     import gguf
 
     tok = json.loads(make_tokenizer("qwen2").backend_tokenizer.to_str())
@@ -151,7 +151,7 @@ def qwen2_gguf_writer(path: Path, name: str, *, layers: int, hidden: int, heads:
     tokens = sorted(vocab, key=vocab.__getitem__)
     specials = {t["content"] for t in tok["added_tokens"]}
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]]
-    w = gguf.GGUFWriter(path, "qwen2")
+    w = gguf.GGUFWriter(path, arch)
     w.add_name(name)
     w.add_block_count(layers)
     w.add_context_length(256)

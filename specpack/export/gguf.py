@@ -4,9 +4,11 @@
         config.json, generation_config.json, model*.safetensors (dequantized fp32),
         tokenizer.json, tokenizer_config.json, chat_template.jinja, specpack-source.json
 
-transformers (with the `gguf` package) reads the file; every weight is dequantized to fp32 at load time
-(`GgufConfig(dequantize=True)`: with the `kernels` package installed transformers would otherwise keep
-Q4_K blocks packed, and packed blocks do not export). The cache key is the file's name, size and mtime; the
+Qwen2 and llama files are converted one tensor at a time (export/gguf_stream.py: transformers' own GGUF
+steps, the same bytes, a peak of about one tensor); any other family is loaded whole by transformers (with the
+`gguf` package), every weight dequantized to fp32 at load time (`GgufConfig(dequantize=True)`: with the
+`kernels` package installed transformers would otherwise keep Q4_K blocks packed, and packed blocks do not
+export), then saved. The cache key is the file's name, size and mtime; the
 directory is written under a temporary name and renamed into place, so a failed conversion leaves nothing.
 """
 
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack.errors import SpecpackError
+from specpack.export.gguf_stream import write_streamed
 from specpack.export.gguf_tensors import load_covered
 from specpack.export.staging import remove_stale, temp_prefix
 from specpack.hashing import sha256_file
@@ -213,6 +216,15 @@ def _read_value(buf: mmap.mmap, pos: int, vtype: int) -> tuple[Any, int]:
 def _convert_into(gguf_path: Path, out: Path) -> None:
     """Write tokenizer, config, generation config and fp32 safetensors of `gguf_path` into `out`."""
     end_ids = _save_tokenizer(gguf_path, out)
+    config = write_streamed(gguf_path, out)  # qwen2 and llama: one tensor at a time, the same bytes
+    if config is not None:
+        _generation_config(config, end_ids).save_pretrained(out)
+    else:
+        save_whole(gguf_path, out, end_ids)
+
+
+def save_whole(gguf_path: Path, out: Path, end_ids: set[int]) -> None:
+    """Config, generation config and fp32 safetensors of `gguf_path`, from the whole model loaded at once."""
     model = load_covered(gguf_path, _load_dequantized)  # refuses missing, extra and mis-shaped tensors
     try:
         _check_plain_fp32(model)

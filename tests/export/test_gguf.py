@@ -185,7 +185,7 @@ def test_failed_conversion_leaves_nothing(tiny_gguf: tuple[Path, Any], tmp_path:
     def broken(*args: Any, **kwargs: Any) -> None:
         raise SpecpackError("boom")
 
-    monkeypatch.setattr(mod, "_check_plain_fp32", broken)
+    monkeypatch.setattr(mod, "write_streamed", broken)  # fails after the tokenizer is written
     with pytest.raises(SpecpackError, match="boom"):
         convert_gguf(tiny_gguf[0], tmp_path / "cache")
     assert list((tmp_path / "cache").iterdir()) == []
