@@ -2,7 +2,9 @@
 
 Starts `specpack serve PACK` on 127.0.0.1 (a free port), then N concurrent clients send the planned requests:
 plain completions of code prompts and chat completions of instructions, in turn; every third request streams;
-`--cancel` of the streaming ones are closed by their client after a few chunks (a deliberate disconnect).
+`--cancel` of the streaming ones are closed by their client after a few chunks (a deliberate disconnect; one whose
+model stops first is counted `stopped`, not an error). Streams give the time to first token and the inter-token
+latency; `--k 0` against `--k auto` gives speculation's share (bench/README.md, "Load tests at 1, 4 and 16 clients").
 Greedy requests of the same prompt must give the same text (one decode at a time, the pack reset between).
 The server's RSS is read after every finished request; its growth is reported between the request a third of
 the way through (request 100 of 300) and the last. Stops taking requests at --time-limit; stopped by SIGTERM, it
@@ -14,7 +16,7 @@ run then fits a bounded time on a CPU while every request still goes the whole w
 
     python bench/serve_load.py PACK --prompts HumanEval.jsonl.gz 8 --prompts mt_bench_question.jsonl 1 \
         [--requests 300] [--clients 16] [--cancel 30] [--max-tokens 24] [--cancel-max-tokens 64] \
-        [--cancel-after 2] [--max-prompt-chars 160] [--max-batch 1] [--json bench/results/serve_load_cpu.json]
+        [--cancel-after 2] [--max-prompt-chars 160] [--max-batch 1] [--k auto] [--json bench/results/serve_load_cpu.json]
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ class Outcome:
     stream: bool
     cancel: bool
     temperature: float
-    status: str = "pending"          # ok | cancelled | error
+    status: str = "pending"          # ok | cancelled | stopped (a stream to cancel that hit EOS first) | error
     error: str | None = None
     ttft_s: float | None = None      # streaming: request sent -> first text chunk (queue wait included)
+    itl_s: float | None = None       # streaming: (last text chunk - first) / (completion tokens - 1): inter-token latency
     latency_s: float | None = None   # request sent -> last byte
     completion_tokens: int | None = None
     text: str = ""
@@ -118,7 +121,7 @@ def send(client: openai.OpenAI, model: str, p: Planned, budget: Budget, out: Out
             out.status = "ok" if choice.finish_reason in ("stop", "length") else "error"
         else:
             stream = create(**{key: value}, **options, stream=True, stream_options={"include_usage": True})
-            chunks = 0
+            chunks, last, finish = 0, 0.0, None
             for chunk in stream:
                 if chunk.usage is not None:
                     out.completion_tokens = chunk.usage.completion_tokens
@@ -128,9 +131,11 @@ def send(client: openai.OpenAI, model: str, p: Planned, budget: Budget, out: Out
                 if piece:
                     chunks += 1
                     out.text += piece
+                    last = time.perf_counter() - t0
                     if out.ttft_s is None:
-                        out.ttft_s = time.perf_counter() - t0
+                        out.ttft_s = last
                 if chunk.choices[0].finish_reason is not None:
+                    finish = chunk.choices[0].finish_reason
                     out.speculation = (chunk.model_extra or {}).get("speculation")
                 if p.cancel and chunks >= budget.cancel_after:
                     stream.close()
@@ -138,7 +143,11 @@ def send(client: openai.OpenAI, model: str, p: Planned, budget: Budget, out: Out
                     break
             else:
                 out.status = "ok" if out.text else "error"
-        if p.cancel and out.status != "cancelled":
+                if out.ttft_s is not None and out.completion_tokens and out.completion_tokens > 1:
+                    out.itl_s = (last - out.ttft_s) / (out.completion_tokens - 1)
+            if p.cancel and out.status == "ok" and finish == "stop":  # the model's EOS came before the cancel
+                out.status = "stopped"
+        if p.cancel and out.status not in ("cancelled", "stopped"):
             out.status, out.error = "error", "the stream ended before it could be cancelled"
     except Exception as err:  # an error of the server: counted, the run goes on
         out.status, out.error = "error", f"{type(err).__name__}: {err}"[:300]
@@ -164,10 +173,11 @@ def client_loop(base_url: str, model: str, work: queue.Queue[Planned], run: Run,
                 run.outcomes.append(out)
 
 
-def start_server(pack: Path, port: int, log: Path, max_queue: int, max_batch: int = 1) -> subprocess.Popen[bytes]:
+def start_server(pack: Path, port: int, log: Path, max_queue: int, max_batch: int = 1,
+                 k: str = "auto") -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-c", "from specpack.cli.main import cli; cli()", "serve", str(pack), "--host", "127.0.0.1",
            "--port", str(port), "--max-queue", str(max_queue), "--max-batch", str(max_batch), "--timeout", "1200",
-           "--model-name", "pair"]
+           "--model-name", "pair", "--k", k]
     with log.open("wb") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
 
@@ -200,6 +210,7 @@ def summarize(outcomes: list[Outcome], wall_s: float, planned: int) -> dict[str,
     ok = [o for o in done if o.status == "ok"]
     errors = [o for o in done if o.status == "error"]
     ttft = [o.ttft_s for o in ok if o.stream and o.ttft_s is not None]
+    itl = [o.itl_s for o in ok if o.stream and o.itl_s is not None]
     prefill = [o.speculation["ttft_s"] for o in ok if o.speculation]
     decode_tps = [o.speculation["tokens_per_s"] for o in ok if o.speculation and o.speculation["tokens_per_s"]]
     tokens = sum(o.completion_tokens or 0 for o in ok)
@@ -213,11 +224,13 @@ def summarize(outcomes: list[Outcome], wall_s: float, planned: int) -> dict[str,
     return {
         "requests_planned": planned, "requests_finished": len(done),
         "ok": len(ok), "cancelled": sum(o.status == "cancelled" for o in done), "errors": len(errors),
+        "stopped_before_cancel": sum(o.status == "stopped" for o in done),
         "error_examples": [o.error for o in errors[:5]],
         "streaming": sum(o.stream for o in done), "chat": sum(o.chat for o in done),
         "sampled": sum(o.temperature > 0 for o in done),
         "wall_s": wall_s,
         "ttft_streaming_s": {"p50": quantile(ttft, 0.5), "p99": quantile(ttft, 0.99), "n": len(ttft)},
+        "itl_streaming_s": {"p50": quantile(itl, 0.5), "p99": quantile(itl, 0.99), "n": len(itl)},
         "prefill_s": {"p50": quantile(prefill, 0.5), "p99": quantile(prefill, 0.99), "n": len(prefill)},
         "latency_s": {"p50": quantile([o.latency_s or 0 for o in ok], 0.5),
                       "p99": quantile([o.latency_s or 0 for o in ok], 0.99)},
@@ -255,6 +268,7 @@ def main() -> None:
     parser.add_argument("--sampled-every", type=int, default=5, help="every Nth request samples (temperature 0.7)")
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--max-batch", type=int, default=1, help="the server's --max-batch (docs/batching.md)")
+    parser.add_argument("--k", default="auto", help="the server's --k (0: the target alone, speculation off)")
     parser.add_argument("--cancel-max-tokens", type=int, default=64, help="max_tokens of the cancelled streams")
     parser.add_argument("--cancel-after", type=int, default=2, help="text chunks a cancelled stream reads first")
     parser.add_argument("--max-prompt-chars", type=int, default=None, help="cut each prompt to this many characters")
@@ -274,7 +288,7 @@ def main() -> None:
     root_url = f"http://127.0.0.1:{port}"
     base_url = f"{root_url}/v1"
     log = Path(tempfile.gettempdir()) / "specpack-serve-load.log"
-    proc = start_server(args.pack, port, log, max_queue=args.clients * 2, max_batch=args.max_batch)
+    proc = start_server(args.pack, port, log, max_queue=args.clients * 2, max_batch=args.max_batch, k=args.k)
     try:
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=10) as probe:
             wait_ready(probe, proc, timeout=600)
@@ -310,7 +324,7 @@ def main() -> None:
         "pack": str(args.pack), "prompts": {Path(path).name: int(limit) for path, limit in args.prompts}, "settings": {
             "requests": args.requests, "clients": args.clients, "cancel": args.cancel, **asdict(budget),
             "max_prompt_chars": args.max_prompt_chars, "sampled_every": args.sampled_every,
-            "time_limit_s": args.time_limit, "max_batch": args.max_batch},
+            "time_limit_s": args.time_limit, "max_batch": args.max_batch, "k": args.k},
         "summary": summary, "rss_idle_bytes": rss_idle, "server_log": str(log), "server_metrics": metrics,
         "server_exit_code": exit_code,
         "requests": [{k: v for k, v in asdict(o).items() if k != "text"} for o in
