@@ -55,9 +55,11 @@ def test_the_static_form_reads_the_features_cache(cpu: Pack) -> None:
     assert {s.name for s in m.head.graph.inputs} >= {"attention_mask", "features"}
 
 
-def test_greedy_equals_the_target_alone_on_both_backends(cpu: Pack, dev: Pack) -> None:
+def head_greedy_accepted(cpu: Pack, dev: Pack) -> int:
+    """Greedy through the head at k 1, 2, k_max and adaptive, on both packs, equals the target alone on `cpu` for
+    three prompts (one a catch-up past k_max + 1 rows); returns the drafts accepted in all."""
     rng = np.random.default_rng(5)
-    long_prompt = rng.integers(0, cpu.manifest.vocab_size - 8, 45).tolist()  # a catch-up past k_max + 1 rows
+    long_prompt = rng.integers(0, cpu.manifest.vocab_size - 8, 45).tolist()
     accepted = 0
     for prompt in (PROMPT, [5], long_prompt):
         want = cpu.generate(prompt, 32, k=0).tokens
@@ -66,7 +68,11 @@ def test_greedy_equals_the_target_alone_on_both_backends(cpu: Pack, dev: Pack) -
                 got = pack.generate(prompt, 32, k=k, drafter="head")
                 assert got.tokens == want, (pack.backend.name, prompt, k)
                 accepted += got.stats["accepted"]
-    assert accepted > 0  # the head's drafts pass sometimes: the accept path ran
+    return accepted
+
+
+def test_greedy_equals_the_target_alone_on_both_backends(cpu: Pack, dev: Pack) -> None:
+    assert head_greedy_accepted(cpu, dev) > 0  # the head's drafts pass sometimes: the accept path ran
     head = dev.backend.draft().engine  # type: ignore[attr-defined]
     keys = set(head.slots[0].bindings)  # (C, W, current): captured shapes only, C <= k_max + 1
     assert keys and all(c <= cpu.manifest.k_max + 1 and w in (0, 1) for c, w, _ in keys), keys
