@@ -264,8 +264,9 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", required=True)
     parser.add_argument("--json", required=True)
     parser.add_argument("--train-minutes", type=float, default=6.0)
-    parser.add_argument("--data", default="--self-prompts 512 --stdlib-tokens 2000000",
-                        help="the distill data options (the first run: 512 prompts answered, 2 M stdlib tokens)")
+    parser.add_argument("--data", default="--self-prompts 1024 --self-instruct 4096 --stdlib-tokens 1000000 "
+                                          "--generation-batch 256",
+                        help="the distill data options (the first runs: --self-prompts 512 --stdlib-tokens 2000000)")
     parser.add_argument("--graphs", choices=("torch", "builder"), default="torch", help="the head pack's target graph")
     parser.add_argument("--train-batch", type=int, default=8, help="distill --batch (sequences of 512 tokens a step)")
     parser.add_argument("--device", default="cuda", help="where the packs run (cpu: a dry run of the decode phases)")

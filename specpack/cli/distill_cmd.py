@@ -36,6 +36,8 @@ DEFAULTS = DistillConfig()
               help="Default recipe: tokens of Python's standard library sources.")
 @click.option("--self-prompts", type=int, default=DEFAULTS.self_prompts, show_default=True,
               help="Default recipe: prompts written from specpack's templates and answered by the target.")
+@click.option("--self-instruct", type=int, default=DEFAULTS.self_instruct, show_default=True,
+              help="Default recipe: requests the target writes itself, then answers (varied prose).")
 @click.option("--answer-tokens", type=int, default=DEFAULTS.answer_tokens, show_default=True,
               help="New tokens the target writes per prompt.")
 @click.option("--generation-batch", type=int, default=DEFAULTS.generation_batch, show_default=True,
@@ -49,14 +51,15 @@ DEFAULTS = DistillConfig()
 @user_errors
 def distill_command(target: str, output: Path, steps: int, data: tuple[str, ...], device: str, seed: int, seq_len: int,
                     batch: int, lr: float, ttt_steps: int, subset_size: int, stdlib_tokens: int, self_prompts: int,
-                    answer_tokens: int, generation_batch: int, checkpoint_every: int, max_minutes: float | None,
-                    stop_at: int | None, threads: int | None, no_progress: bool) -> None:
+                    self_instruct: int, answer_tokens: int, generation_batch: int, checkpoint_every: int,
+                    max_minutes: float | None, stop_at: int | None, threads: int | None, no_progress: bool) -> None:
     """Train a draft head for TARGET by self-distillation (EAGLE-style; docs/heads.md)."""
     from specpack.distill.trainer import distill
 
     config = DistillConfig(steps=steps, seed=seed, device=device, data=tuple(data), seq_len=seq_len, batch=batch, lr=lr,
                            ttt_steps=ttt_steps, subset_size=subset_size, stdlib_tokens=stdlib_tokens,
-                           self_prompts=self_prompts, answer_tokens=answer_tokens, generation_batch=generation_batch,
+                           self_prompts=self_prompts, self_instruct=self_instruct,
+                           answer_tokens=answer_tokens, generation_batch=generation_batch,
                            checkpoint_every=checkpoint_every,
                            max_minutes=max_minutes, stop_at=stop_at, threads=threads, progress=not no_progress)
     distill(target, output, config)

@@ -5,7 +5,8 @@
                          "text:FILE" / "prompts:FILE" force the kind
     default recipe       (no --data) stdlib: Python's standard library sources of this interpreter, files sorted by
                          path, up to stdlib_tokens tokens; self: seed_prompts.py's prompts answered by the target
-                         (half greedy, half sampled at temperature 0.7), loss on the answers only
+                         (half greedy, half sampled at temperature 0.7), loss on the answers only; self-instruct:
+                         requests the target wrote itself (self_instruct.py), answered the same way
 
 Parts are concatenated, each document followed by an end token; training windows are cut from the stream
 (trainer.py). A part's sha256 is over its token ids as little-endian int32 (what training saw), as the calibration
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from specpack.bounded_read import read_bounded
+from specpack.distill import self_instruct
 from specpack.distill.config import DistillConfig
 from specpack.distill.seed_prompts import seed_prompts, templates_sha256
 from specpack.errors import SpecpackError
@@ -81,11 +83,15 @@ def ids_sha256(ids: np.ndarray) -> str:
 
 def recipe(config: DistillConfig) -> dict[str, Any]:
     """What the head's record says about where its data came from."""
-    sources = list(config.data) or (["stdlib", "self"] if config.default_recipe else [])
+    sources = list(config.data) or (["stdlib", "self", "self-instruct"] if config.default_recipe else [])
     return {"sources": sources, "stdlib_tokens": config.stdlib_tokens, "self_prompts": config.self_prompts,
-            "answer_tokens": config.answer_tokens, "answers": f"half greedy, half sampled at T {SAMPLED_TEMPERATURE}",
+            "self_instruct": config.self_instruct, "answer_tokens": config.answer_tokens,
+            "answers": f"half greedy, half sampled at T {SAMPLED_TEMPERATURE}",
             "generation_batch": config.generation_batch,  # the sampled answers' seeds follow the batches
-            "seed_templates_sha256": templates_sha256(), "never": "Spec-Bench, MT-bench, HumanEval, GSM8K, ShareGPT"}
+            "seed_templates_sha256": templates_sha256(),
+            "self_instruct_templates_sha256": self_instruct.templates_sha256(),
+            "requests": f"sampled at T {self_instruct.REQUEST_TEMPERATURE}, up to {self_instruct.REQUEST_TOKENS} tokens",
+            "never": "Spec-Bench, MT-bench, HumanEval, GSM8K, ShareGPT"}
 
 
 def build_corpus(config: DistillConfig, model: Any, tokenizer: Any) -> Corpus:
@@ -109,6 +115,11 @@ def build_corpus(config: DistillConfig, model: Any, tokenizer: Any) -> Corpus:
         if config.self_prompts:
             prompts = [(text, True) for text in seed_prompts(config.self_prompts, config.seed)]
             parts.append(_answered("self", prompts, model, tokenizer, config, {"templates_sha256": templates_sha256()}))
+        if config.self_instruct:
+            requests = self_instruct.write_requests(config.self_instruct, config.seed, model, tokenizer,
+                                                    config.generation_batch, eos)
+            parts.append(_answered("self-instruct", [(text, True) for text in requests], model, tokenizer, config,
+                                   {"templates_sha256": self_instruct.templates_sha256(), "requests": len(requests)}))
     parts = [p for p in parts if p.ids.size]
     if not parts or sum(int(p.mask.sum()) for p in parts) < config.seq_len:
         raise SpecpackError("not enough training data", expected=f"at least --seq-len ({config.seq_len}) trained tokens",
@@ -168,14 +179,15 @@ def _answered(name: str, prompts: list[tuple[str, bool]], model: Any, tokenizer:
     import torch
 
     eos = _eos(tokenizer)
-    encoded = [_encode_prompt(tokenizer, text, chat) for text, chat in prompts]
+    encoded = [encode_prompt(tokenizer, text, chat) for text, chat in prompts]
     answers: dict[int, list[int]] = {}
     for sampled in (False, True):
         chosen = [i for i in range(len(encoded)) if (i % 2 == 1) == sampled]
         for start in range(0, len(chosen), config.generation_batch):
             batch = chosen[start:start + config.generation_batch]
             torch.manual_seed(config.seed * 1_000_003 + batch[0])
-            for i, answer in zip(batch, _generate(model, [encoded[i] for i in batch], config.answer_tokens, sampled,
+            temperature = SAMPLED_TEMPERATURE if sampled else None
+            for i, answer in zip(batch, generate(model, [encoded[i] for i in batch], config.answer_tokens, temperature,
                                                   eos), strict=True):
                 answers[i] = answer
     ids: list[int] = []
@@ -188,7 +200,7 @@ def _answered(name: str, prompts: list[tuple[str, bool]], model: Any, tokenizer:
                 {**info, "prompts": len(prompts), "answer_tokens": config.answer_tokens})
 
 
-def _encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
+def encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
     if chat and getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                             tokenize=True, return_dict=True)["input_ids"]
@@ -196,8 +208,10 @@ def _encode_prompt(tokenizer: Any, text: str, chat: bool) -> list[int]:
     return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
-def _generate(model: Any, prompts: list[list[int]], new_tokens: int, sampled: bool, eos: int) -> list[list[int]]:
-    """Answers (up to the first end token, excluded) to a batch of prompts, left-padded."""
+def generate(model: Any, prompts: list[list[int]], new_tokens: int, temperature: float | None, eos: int
+             ) -> list[list[int]]:
+    """Answers (up to the first end token, excluded) to a batch of prompts, left-padded; greedy when temperature is
+    None, else sampled from the full distribution at that temperature (torch's generator, seeded by the caller)."""
     import torch
 
     device = next(model.parameters()).device
@@ -207,7 +221,7 @@ def _generate(model: Any, prompts: list[list[int]], new_tokens: int, sampled: bo
     for row, p in enumerate(prompts):
         ids[row, width - len(p):] = torch.tensor(p)
         attention[row, width - len(p):] = 1
-    options = {"do_sample": True, "temperature": SAMPLED_TEMPERATURE, "top_k": 0, "top_p": 1.0} if sampled \
+    options = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature is not None \
         else {"do_sample": False}
     with torch.no_grad():
         out = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device), max_new_tokens=new_tokens,

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from specpack.cli.main import cli
 from specpack.distill.config import DistillConfig
 from specpack.distill.data import Corpus, ids_sha256
+from specpack.distill import self_instruct
 from specpack.distill.seed_prompts import TEMPLATES, WORDS
 from specpack.distill.trainer import distill
 from specpack.errors import SpecpackError
@@ -127,6 +128,26 @@ def test_cli_with_prompt_data(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_
     assert answered["prompts"] == 3 and 0 < answered["loss_tokens"] < answered["tokens"]  # loss on the answers only
 
 
+def test_self_instruct_requests_are_the_targets_own(tiny_pairs: Callable[..., tuple[Path, Path]]) -> None:
+    """--self-instruct N: the target writes N requests from seeded meta-prompts (the same seed, the same requests) and
+    answers them; the part is recorded, with the loss on the answers only."""
+    from specpack.distill.data import build_corpus
+
+    target_dir = tiny_pairs("qwen2")[1]
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    config = DistillConfig(stdlib_tokens=0, self_prompts=0, self_instruct=4, answer_tokens=6, generation_batch=2,
+                           seq_len=8, threads=1)
+    assert self_instruct.meta_prompts(4, 0) == self_instruct.meta_prompts(4, 0) != self_instruct.meta_prompts(4, 1)
+    first = self_instruct.write_requests(4, 0, target, tok, 2, int(tok.eos_token_id))
+    assert first == self_instruct.write_requests(4, 0, target, tok, 2, int(tok.eos_token_id)) and first
+    corpus = build_corpus(config, target, tok)
+    (part,) = corpus.parts
+    assert part["name"] == "self-instruct" and part["requests"] == len(first)
+    assert 0 < part["loss_tokens"] < part["tokens"]
+    assert part["templates_sha256"] == self_instruct.templates_sha256()
+
+
 def test_cli_refuses_bad_options(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["distill", "--target", str(tmp_path), "-o", str(tmp_path / "h"), "--steps", "0"])
     assert result.exit_code == 2 and "invalid --steps" in result.output
@@ -143,6 +164,8 @@ def test_seed_templates_share_no_8_words_with_the_eval_sets() -> None:
         return {tuple(w[i:i + 8]) for i in range(len(w) - 7)}
 
     ours = set().union(*(grams(t.replace("{topic}", "x").replace("{word}", w)) for t in TEMPLATES for w in WORDS))
+    ours |= set().union(*(grams(self_instruct.META.format(kind=k, subject=s)) for k in self_instruct.KINDS
+                          for s in self_instruct.SUBJECTS))
     for path in sorted(p for p in SHARED_PROMPTS.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json", ".txt")):
         text = path.read_bytes()[: 64 << 20].decode("utf-8", errors="replace")
         assert not ours & grams(text), path
