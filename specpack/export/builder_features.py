@@ -55,7 +55,7 @@ def add_features_cache(plain: Path, taps: tuple[int, ...], hidden: int) -> None:
     new = b.op("Unsqueeze", features, b.const([1]))  # [1, 1, S, F]
     seq = b.op("Shape", names.INPUT_IDS, start=1, end=2)  # [1] S (a shape: a host value on every EP)
     total = b.op("ReduceSum", names.ATTENTION_MASK, b.const([1]), keepdims=0)  # [1] L + S, on the device
-    start = b.op("Sub", total, _shape_value(b, seq))  # [1] L
+    start = b.op("Sub", total, b.shape_value(seq))  # [1] L
     indices = _row_indices(b, new, start)
     # the graph output is the ScatterND's own (no Identity after it): bound onto the input's buffer, ONNX Runtime's
     # ScatterND then skips copying the cache and writes the S rows in place
@@ -83,12 +83,6 @@ def _residual_stream(graph: onnx.GraphProto, layer: int) -> str:
                                  "LayerNormalization with its input + skip output (layers > 0)",
                         found=f"{node.op_type} {node.name}" if node is not None else "no such node",
                         hint="export this head pack with --graphs torch")
-
-
-def _shape_value(b: GraphBuilder, shape: Value) -> Value:
-    """[1] int64 holding the shape value `shape` [1], made by a Range over it (static_attention.shape_value)."""
-    value = b.op("Squeeze", shape, b.const([0]))
-    return b.op("Range", value, b.op("Add", value, b.const(1)), b.const(1))
 
 
 def _row_indices(b: GraphBuilder, new: Value, start: Value) -> Value:

@@ -320,7 +320,7 @@ def tree_allowed(anc: torch.Tensor, seq: int, end: torch.Tensor, max_len: int) -
         ext   = [[1 (S-T rows, T+1 cols)], [A | 1]]                              [S, T+1]
         allowed = ext[:, a]                                                      [S, M]
 
-    Shape values (T, M) enter the data only through a Range over them (_shape_value): a shape scalar mixed into
+    Shape values (T, M) enter the data only through a Range over them (shape_value): a shape scalar mixed into
     device data directly makes ONNX Runtime's CUDA EP copy it from the host mid-graph, and refuse the CUDA graph.
     """
     nodes = anc.shape[0]

@@ -11,11 +11,12 @@ CUDA-graph capture per tree size. Bound like the verify's cache: each present.* 
     past_key_values.{i}.key|value  [1, Hkv, M, D]   (the verify's present buffers)
     -> present.{i}.key|value       [1, Hkv, M, D]   the same buffers: rows R + d <- rows R + path[d], d <= n
 
-        R    = ReduceSum(attention_mask) - (T + 1)                      [1]    the root's cache row
-        d    = Range(0, T + 1)                                          [T+1]  (from shapes: a host value)
+        R    = ReduceSum(attention_mask) - (T + 1)                      [1]    the root's cache row (T + 1 through
+                                                                               GraphBuilder.shape_value: on the device)
+        d    = Range(0, T + 1)                                          [T+1]  (a Range over shapes: on the device)
         src  = R + (path >= 0 ? path : d)                               [T+1]  padding: a row onto itself
         dst  = R + d                                                    [T+1]
-        idx  = (0, h, dst[t]) for h < Hkv, t <= T                       [1, Hkv, T+1, 3]
+        idx  = (0, h, dst[t]) for h < Hkv, t <= T (broadcast)           [1, Hkv, T+1, 3]
         per cache tensor:  present = ScatterND(past, idx, Gather(past, src, axis=2))
 
 Every source is read (Gather) before anything is written (ScatterND depends on it), and the destinations are
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -44,8 +46,9 @@ def kv_compact_model(num_layers: int, kv_heads: int, head_dim: int, dtype: str =
                      opset: int = 18) -> onnx.ModelProto:
     """The compaction graph for a static cache of `num_layers` layers of [1, kv_heads, M, head_dim] (module docstring)."""
     b = GraphBuilder(opset)
-    rows = b.op("Shape", names.PATH, start=1, end=2)  # [1] T + 1
-    root = b.op("Sub", b.reduce("ReduceSum", names.ATTENTION_MASK, axis=1, keepdims=False), rows)  # [1] R
+    rows = b.op("Shape", names.PATH, start=1, end=2)  # [1] T + 1, a host value
+    total = b.reduce("ReduceSum", names.ATTENTION_MASK, axis=1, keepdims=False)  # [1] R + T + 1
+    root = b.op("Sub", total, b.shape_value(rows))  # [1] R
     step = b.op("Range", b.const(0), b.op("Squeeze", rows, b.const([0])), b.const(1))  # [T+1] d
     path = b.op("Squeeze", names.PATH, b.const([0]))  # [T+1]
     source = b.op("Add", root, b.op("Where", b.op("Less", path, b.const(0)), step, path))  # [T+1] R + path[d]
@@ -73,10 +76,9 @@ def write_kv_compact(out: Path, num_layers: int, kv_heads: int, head_dim: int, d
 
 
 def _row_indices(b: GraphBuilder, dst: Value, kv_heads: int) -> Value:
-    """ScatterND indices (0, h, dst[t]) for every head h and row t: dst int64 [N] -> [1, kv_heads, N, 3]."""
-    count = b.op("Shape", dst)  # [1] N
-    grid = b.op("Concat", b.const([1, kv_heads]), count, b.const([1]), axis=0)  # [1, Hkv, N, 1]
-    head = b.const(list(range(kv_heads)))  # [Hkv]
-    head = b.op("Expand", b.op("Reshape", head, b.const([1, -1, 1, 1])), grid)
-    row = b.op("Expand", b.op("Reshape", dst, b.const([1, 1, -1, 1])), grid)
-    return b.op("Concat", b.op("Expand", b.const([0]), grid), head, row, axis=-1)
+    """ScatterND indices (0, h, dst[t]) for every head h and row t: dst int64 [N] -> [1, kv_heads, N, 3], by
+    broadcasting (device data only, no shape arithmetic)."""
+    row = b.op("Reshape", dst, b.const([1, 1, -1, 1]))  # [1, 1, N, 1]
+    heads = b.op("Add", b.op("Mul", row, b.const(0)), b.const(np.arange(kv_heads).reshape(1, -1, 1, 1)))  # [1, Hkv, N, 1]
+    zeros = b.op("Mul", heads, b.const(0))  # [1, Hkv, N, 1]
+    return b.op("Concat", zeros, heads, b.op("Add", zeros, row), axis=-1)

@@ -107,6 +107,13 @@ class GraphBuilder:
         kept = self.op(op_type, x, self.const([axis]), keepdims=1)
         return kept if keepdims else self.op("Squeeze", kept, self.const([axis]))
 
+    def shape_value(self, shape: Value) -> Value:
+        """int64 [1] holding the shape value `shape` (int64 [1], a Shape's output), made by a Range over it: the value
+        is computed on the device. A shape value used as data directly is a host tensor, and ONNX Runtime's CUDA EP
+        then copies it in (a Memcpy node), which refuses CUDA-graph capture ("not all nodes partitioned")."""
+        value = self.op("Squeeze", shape, self.const([0]))
+        return self.op("Range", value, self.op("Add", value, self.const(1)), self.const(1))
+
 
 def tensor_info(name: str, elem_type: int, shape: Sequence[int | str] | None) -> onnx.ValueInfoProto:
     """`helper.make_tensor_value_info`, re-exported so callers import one module."""

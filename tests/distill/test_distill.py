@@ -16,9 +16,9 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specpack.cli.main import cli
+from specpack.distill import self_instruct
 from specpack.distill.config import DistillConfig
 from specpack.distill.data import Corpus, ids_sha256
-from specpack.distill import self_instruct
 from specpack.distill.seed_prompts import TEMPLATES, WORDS
 from specpack.distill.trainer import distill
 from specpack.errors import SpecpackError

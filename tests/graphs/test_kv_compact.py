@@ -96,3 +96,25 @@ def test_kv_compact_writes_only_the_tree_rows() -> None:
     assert proc.returncode == 0, f"child exited {proc.returncode} (negative: killed by that signal)\n{proc.stderr}"
     report = json.loads(proc.stdout)
     assert report["compacted"] and report["protected_pages"] >= report["pages"] - 2 * 2 * 2 * 2  # <= 2 pages a head
+
+
+def test_no_host_value_enters_the_data() -> None:
+    """The CUDA EP captures kv_compact.onnx only without Memcpy nodes: no shape value may enter its data directly
+    (on the H200 the first form, R = ReduceSum(mask) - Shape(path), was refused capture). The check flags that form."""
+    from onnx import TensorProto, helper
+
+    from specpack.graphs.onnx_builder import GraphBuilder
+
+    from .host_values import host_values_in_data
+
+    assert host_values_in_data(kv_compact_model(LAYERS, HEADS, HEAD_DIM, "fp16")) == []
+    b = GraphBuilder(18)  # the first form: a Shape's output subtracted from device data
+    total = b.reduce("ReduceSum", names.ATTENTION_MASK, axis=1, keepdims=False)
+    b.op("Sub", total, b.op("Shape", names.PATH, start=1, end=2))
+    b.nodes[-1].output[0] = "root"
+    first = helper.make_model(helper.make_graph(
+        b.nodes, "first", [helper.make_tensor_value_info(names.ATTENTION_MASK, TensorProto.INT64, [1, 8]),
+                           helper.make_tensor_value_info(names.PATH, TensorProto.INT64, [1, 3])],
+        [helper.make_tensor_value_info("root", TensorProto.INT64, [1])]))
+    (problem,) = host_values_in_data(first)
+    assert "(Sub) input 1" in problem

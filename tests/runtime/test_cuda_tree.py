@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import specpack
+from specpack import names
 from specpack.runtime.backends.cuda import DeviceSession, DeviceTarget
 from specpack.runtime.ngram_drafter import NgramConfig
 from specpack.runtime.pack import Pack
@@ -165,3 +166,16 @@ def test_a_pinned_load_opens_kv_compact_from_verified_bytes(tree_pack_dir: Path,
         assert pack.backend.capture_report()["kv_compact"]["capture"] is False  # type: ignore[attr-defined]
         prompt = cpu.encode(REPEATED)[:30]
         assert pack.generate(prompt, 16, drafter="ngram", tree=4).tokens == cpu.generate(prompt, 16, k=0).tokens
+
+
+def test_the_captured_graphs_read_no_host_value_as_data(tree_pack_dir: Path) -> None:
+    """Every graph the cuda backend captures for a tree pack keeps shape values out of its data (a Memcpy node
+    refuses capture on the CUDA EP: kv_compact.onnx was, on an H200; tests/graphs/host_values.py)."""
+    import onnx
+
+    from tests.graphs.host_values import host_values_in_data
+
+    for name in ("verify.onnx", "draft_step.onnx", names.KV_COMPACT_FILE):
+        path = tree_pack_dir / name
+        if path.is_file():
+            assert host_values_in_data(onnx.load(str(path), load_external_data=False)) == [], name
