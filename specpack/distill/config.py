@@ -28,7 +28,7 @@ class DistillConfig:
     taps: tuple[int, ...] | None = None  # tapped layers; None: (2, L // 2, L - 3), clamped
     stdlib_tokens: int = 1_000_000     # default recipe: Python's standard library sources, this many tokens
     self_prompts: int = 256            # default recipe: prompts written from seed_prompts.py's templates
-    self_instruct: int = 0             # default recipe: requests the target writes itself (self_instruct.py)
+    self_instruct: int = 1024          # default recipe: requests the target writes itself, then answers (self_instruct.py)
     answer_tokens: int = 256           # new tokens the target writes per prompt
     generation_batch: int = 32         # prompts the target answers at once (a GPU answers 128 at about the cost of 32)
     checkpoint_every: int = 200        # steps between checkpoints (and at the end, and at max_minutes)

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 import sysconfig
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,6 +183,7 @@ def _answered(name: str, prompts: list[tuple[str, bool]], model: Any, tokenizer:
     eos = _eos(tokenizer)
     encoded = [encode_prompt(tokenizer, text, chat) for text, chat in prompts]
     answers: dict[int, list[int]] = {}
+    began = time.monotonic()
     for sampled in (False, True):
         chosen = [i for i in range(len(encoded)) if (i % 2 == 1) == sampled]
         for start in range(0, len(chosen), config.generation_batch):
@@ -190,6 +193,7 @@ def _answered(name: str, prompts: list[tuple[str, bool]], model: Any, tokenizer:
             for i, answer in zip(batch, generate(model, [encoded[i] for i in batch], config.answer_tokens, temperature,
                                                   eos), strict=True):
                 answers[i] = answer
+            log_progress(f"{name}: {len(answers)} of {len(encoded)} prompts answered", began)
     ids: list[int] = []
     mask: list[int] = []
     for i, prompt in enumerate(encoded):
@@ -230,6 +234,11 @@ def generate(model: Any, prompts: list[list[int]], new_tokens: int, temperature:
     for row in out[:, width:].tolist():
         answers.append(row[: row.index(eos)] if eos in row else row)
     return answers
+
+
+def log_progress(what: str, began: float) -> None:
+    """One line per batch of generation (building the data takes minutes on a GPU, hours on a CPU)."""
+    print(f"[distill] {what} ({time.monotonic() - began:.0f} s)", file=sys.stderr, flush=True)
 
 
 def _eos(tokenizer: Any) -> int:

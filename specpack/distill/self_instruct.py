@@ -13,6 +13,7 @@ in a row of these templates occur in the prompt sets under ../shared/data/prompt
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 import numpy as np
@@ -77,14 +78,16 @@ def write_requests(count: int, seed: int, model: Any, tokenizer: Any, batch: int
     """The target's own requests: one sampled answer to each meta-prompt, decoded and stripped (empty ones dropped)."""
     import torch
 
-    from specpack.distill.data import encode_prompt, generate
+    from specpack.distill.data import encode_prompt, generate, log_progress
 
     prompts = [encode_prompt(tokenizer, text, True) for text in meta_prompts(count, seed)]
     requests: list[str] = []
+    began = time.monotonic()
     for start in range(0, len(prompts), batch):
         torch.manual_seed(seed * 1_000_003 + start + 7)
         for ids in generate(model, prompts[start:start + batch], REQUEST_TOKENS, REQUEST_TEMPERATURE, eos):
             text = str(tokenizer.decode(ids, skip_special_tokens=True)).strip().strip('"').strip()
             if text:
                 requests.append(text)
+        log_progress(f"self-instruct: {min(start + batch, count)} of {count} requests written", began)
     return requests
