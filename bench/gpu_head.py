@@ -15,6 +15,9 @@ decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
+keep    the trained head's files split into KEEP_CHUNK pieces under WORK/keep (with their sha256 in keep.json), for
+        `run` calls to bring back 4 at a time (files back: 8 of 16 MiB, 64 MiB a call); join them here with
+        `cat head.safetensors.* > head.safetensors` and check the sha256 in keep.json
 trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, torch graphs, static, fp16): prompt
         lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR
 Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
@@ -43,6 +46,7 @@ TREE_NODES = 16
 TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-4", 4, "off"), ("chain-auto", None, "off"),
                                                       ("tree-auto", None, "auto"), ("tree-8", None, 8),
                                                       ("tree-16", None, 16)]
+KEEP_CHUNK = 15 << 20
 DISTILL = ["--device", "cuda", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
 
 
@@ -153,6 +157,23 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
                            "per_category": SPEC_BENCH_PER_CATEGORY, "max_prompt": SPEC_BENCH_MAX_PROMPT}
     log(json.dumps(categories, indent=1))
     pack.close()
+
+
+def phase_keep(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The head's files in KEEP_CHUNK pieces (a device call brings back at most 64 MiB)."""
+    import hashlib
+
+    head, keep = Path(args.work) / "head", Path(args.work) / "keep"
+    keep.mkdir(exist_ok=True)
+    record: dict[str, Any] = {}
+    for name in ("head.json", "head.safetensors"):
+        data = (head / name).read_bytes()
+        pieces = [data[i:i + KEEP_CHUNK] for i in range(0, len(data), KEEP_CHUNK)]
+        for n, piece in enumerate(pieces):
+            (keep / f"{name}.{n:02d}").write_bytes(piece)
+        record[name] = {"sha256": hashlib.sha256(data).hexdigest(), "pieces": len(pieces), "bytes": len(data)}
+    (keep / "keep.json").write_text(json.dumps(record, indent=1))
+    result["keep"] = record
 
 
 def _rate(part: list[dict[str, Any]], label: str) -> float:
@@ -279,7 +300,7 @@ def main() -> None:
     phases = {"card": lambda: result.__setitem__("card", gpu.card()), "train": lambda: phase_train(args, result),
               "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
               "genai": lambda: phase_genai(args, result), "specbench": lambda: phase_specbench(args, result),
-              "trees": lambda: phase_trees(args, result)}
+              "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:
