@@ -18,8 +18,10 @@ genai   onnxruntime-genai autoregressive with and without CUDA graphs on the sam
 keep    the trained head's files split into KEEP_CHUNK pieces under WORK/keep (with their sha256 in keep.json), for
         `run` calls to bring back 4 at a time (files back: 8 of 16 MiB, 64 MiB a call); join them here with
         `cat head.safetensors.* > head.safetensors` and check the sha256 in keep.json
-trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, torch graphs, static, fp16): prompt
+trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, --tree-graphs, static, fp16): prompt
         lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR
+headtrees  a tree pack of the trained head (--draft-head, same form): the head's chains (k 2, adaptive) and EAGLE-2
+        trees (auto, 8, 16 nodes) on the 8 prompts, with its own AR
 Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
 """
 
@@ -46,6 +48,9 @@ TREE_NODES = 16
 TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-4", 4, "off"), ("chain-auto", None, "off"),
                                                       ("tree-auto", None, "auto"), ("tree-8", None, 8),
                                                       ("tree-16", None, 16)]
+HEAD_TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-2", 2, "off"),
+                                                           ("chain-auto", None, "off"), ("tree-auto", None, "auto"),
+                                                           ("tree-8", None, 8), ("tree-16", None, 16)]
 KEEP_CHUNK = 15 << 20
 DISTILL = ["--device", "cuda", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
 
@@ -182,21 +187,25 @@ def _rate(part: list[dict[str, Any]], label: str) -> float:
     return tokens / sum(r[label]["stats"]["decode_s"] for r in part)
 
 
+def tree_export_command(args: argparse.Namespace, drafter: list[str], out: Path) -> list[str]:
+    """spec-export of a tree pack (TREE_NODES nodes, static, fp16) on --tree-graphs: the builder's graphs, or torch's
+    with GroupQueryAttention taking the tree mask as attention_bias."""
+    graphs = ["--graphs", "builder", "--ep", "cuda"] if args.tree_graphs == "builder" else ["--attention", "gqa"]
+    return [sys.executable, "-m", "specpack", "export", "--target", args.target_gguf, *drafter, "-o", str(out),
+            "--kv-cache", "static", *graphs, "--dtype", "fp16", "--k", "8", "--max-len", str(MAX_LEN),
+            "--max-tree-nodes", str(TREE_NODES), "--dequantize", "--overwrite"]
+
+
 def start_tree_export(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     """The prompt-lookup tree pack's export, started in the background (log: WORK/tree-export.log)."""
     work = Path(args.work)
     log_file = (work / "tree-export.log").open("wb")
-    return subprocess.Popen([sys.executable, "-m", "specpack", "export", "--target", args.target_gguf,
-                             "--drafter", "ngram", "-o", str(work / "pack-tree"), "--kv-cache", "static",
-                             "--attention", "standard", "--dtype", "fp16", "--k", "8", "--max-len", "1024",
-                             "--max-tree-nodes", str(TREE_NODES), "--dequantize", "--overwrite"],
+    return subprocess.Popen(tree_export_command(args, ["--drafter", "ngram"], work / "pack-tree"),
                             stdout=log_file, stderr=subprocess.STDOUT)
 
 
 def phase_trees(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Prompt lookup, chains vs trees, on the tree pack (exported beside the training)."""
-    import specpack as sp
-
     proc = getattr(args, "tree_export", None)
     if proc is None and not (Path(args.work) / "pack-tree" / "manifest.json").is_file():
         proc = start_tree_export(args)
@@ -204,29 +213,48 @@ def phase_trees(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if code:
         tail = (Path(args.work) / "tree-export.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"tree export exit {code}: {tail}")
-    pack = sp.load(Path(args.work) / "pack-tree", device=args.device)
+    result["trees"] = tree_runs(args, Path(args.work) / "pack-tree", "ngram", TREE_RUNS)
+
+
+def phase_headtrees(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The trained head drafting chains and EAGLE-2 trees (docs/heads.md, "Trees drafted by the head") on a tree pack
+    of the head (exported here, after training)."""
+    work = Path(args.work)
+    t0 = time.perf_counter()
+    subprocess.run(tree_export_command(args, ["--draft-head", str(work / "head")], work / "pack-head-tree"), check=True)
+    result["headtrees"] = {"export_s": time.perf_counter() - t0,
+                           **tree_runs(args, work / "pack-head-tree", "head", HEAD_TREE_RUNS)}
+
+
+def tree_runs(args: argparse.Namespace, pack_dir: Path, drafter: str, runs: list[tuple[str, int | None, int | str]]
+              ) -> dict[str, Any]:
+    """Each run (label, k, tree) of `drafter` on the 8 prompts, back to back per prompt, 128 tokens, greedy; the first
+    is AR (k 0). Returns rows, a summary (tokens/s, speedup over the first, tau, identical) and the capture report."""
+    import specpack as sp
+
+    pack = sp.load(pack_dir, device=args.device)
     encoded = [(p, pack.encode(p.text, chat=p.chat)) for p in gpu.real_prompts(args)]
-    for _, k, tree in TREE_RUNS:
-        pack.generate(encoded[0][1], 32, k=k, drafter="ngram", tree=tree)  # type: ignore[arg-type]
+    for _, k, tree in runs:
+        pack.generate(encoded[0][1], 32, k=k, drafter=drafter, tree=tree)  # type: ignore[arg-type]
     rows = []
     for prompt, ids in encoded:
         row: dict[str, Any] = {"id": prompt.id}
-        for label, k, tree in TREE_RUNS:
-            out = pack.generate(ids, 128, k=k, drafter="ngram", tree=tree)  # type: ignore[arg-type]
+        for label, k, tree in runs:
+            out = pack.generate(ids, 128, k=k, drafter=drafter, tree=tree)  # type: ignore[arg-type]
             row[label] = {"tokens": out.tokens, "stats": dict(out.stats)}
-        row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in TREE_RUNS}
+        row["identical"] = {label: row[label]["tokens"] == row[runs[0][0]]["tokens"] for label, _, _ in runs}
         rows.append(row)
         log(f"{prompt.id}: " + ", ".join(f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}"
-                                         for label, _, _ in TREE_RUNS))
-    ar = _rate(rows, "ar")
+                                         for label, _, _ in runs))
+    ar = _rate(rows, runs[0][0])
     summary = {"ar_tokens_per_s": ar, **{label: {
         "tokens_per_s": _rate(rows, label), "speedup": _rate(rows, label) / ar,
         "tau": sum(r[label]["stats"]["new_tokens"] for r in rows) / max(1, sum(r[label]["stats"]["steps"] for r in rows)),
-        "identical": sum(r["identical"][label] for r in rows)} for label, _, _ in TREE_RUNS[1:]}}
-    result["trees"] = {"nodes": TREE_NODES, "rows": rows, "summary": summary,
-                       "capture": getattr(pack.backend, "capture_report", dict)()}
+        "identical": sum(r["identical"][label] for r in rows)} for label, _, _ in runs[1:]}}
     log(json.dumps(summary, indent=1))
+    capture = getattr(pack.backend, "capture_report", dict)()
     pack.close()
+    return {"nodes": TREE_NODES, "graphs": args.tree_graphs, "rows": rows, "summary": summary, "capture": capture}
 
 
 def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], runs: list[tuple[str, str, int | None]]
@@ -290,6 +318,8 @@ def main() -> None:
                         help="the distill data options (the first runs: --self-prompts 512 --stdlib-tokens 2000000)")
     parser.add_argument("--graphs", choices=("torch", "builder"), default="torch", help="the head pack's target graph")
     parser.add_argument("--train-batch", type=int, default=8, help="distill --batch (sequences of 512 tokens a step)")
+    parser.add_argument("--tree-graphs", choices=("torch", "builder"), default="builder",
+                        help="the tree packs' target graphs (torch: --attention gqa)")
     parser.add_argument("--device", default="cuda", help="where the packs run (cpu: a dry run of the decode phases)")
     parser.add_argument("--phases", default="card,train,export,decode,genai")
     args = parser.parse_args()
@@ -300,7 +330,8 @@ def main() -> None:
     phases = {"card": lambda: result.__setitem__("card", gpu.card()), "train": lambda: phase_train(args, result),
               "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
               "genai": lambda: phase_genai(args, result), "specbench": lambda: phase_specbench(args, result),
-              "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result)}
+              "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result),
+              "headtrees": lambda: phase_headtrees(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:
