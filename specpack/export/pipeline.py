@@ -162,7 +162,8 @@ def quantized_graphs(sources: Sources, plain: PlainGraphs, work: Path, config: E
             graphs[role] = graph
             continue
         path = work / f"{role}.{method}.onnx"
-        gguf = Path(model.src).expanduser() if method == modes.GGUF else None
+        from_gguf = model.src.lower().endswith(".gguf") and method in (modes.GGUF, modes.INT4)
+        gguf = Path(model.src).expanduser() if from_gguf else None  # int4: its Q4_K blocks are fit, not searched
         with phase(f"quantizing the {role} ({method})", _log):
             if method in modes.CALIBRATED:
                 record = _run_stage(_calibrate, config.isolate, graph.path, path, method, model.model_dir, config)
@@ -305,7 +306,8 @@ def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: st
 
 
 def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:
-    """Stage 2: weight-only quantization of any plain graph (quantize/stage.py); returns the manifest record."""
+    """Stage 2: weight-only quantization of any plain graph (quantize/stage.py), `gguf` the file it was exported
+    from (gguf: its blocks; int4: its Q4_K blocks fit); returns the manifest record."""
     from specpack.quantize.stage import quantize_plain_graph
 
     return quantize_plain_graph(plain, out, method, gguf)
