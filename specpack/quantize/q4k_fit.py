@@ -6,11 +6,13 @@ integers instead of searched.
 
 Q4_K stores each block of 32 as w = s*q - mn (s = d*sc, mn = dmin*m, q in 0..15): a scale and a min, where
 MatMulNBits has a scale and an integer zero point, w ~ s'*(q - z). The 4-bit q are kept; for z = floor(r) and
-floor(r) + 1 (r = mn / s, where the min falls on the grid), the scale of least weighted squared error is closed-form,
+floor(r) + 1 (r = mn / s: the zero point that would give the min exactly, were it an integer), the scale of least
+weighted squared error is closed-form,
 
     s'(z) = sum(wt*w*(q - z)) / sum(wt*(q - z)^2),   error(z) = sum(wt*w^2) - s'(z) * sum(wt*w*(q - z)),
 
-with the k-quant search's weights wt = rms(block) + |w| (kquant.py), and the z of the smaller error is kept. The
+with the k-quant search's weights wt = rms(block) + |w| (kquant.py), and the z of the smaller error is kept (no
+other z in 0..15 does better: tests/quantize/test_q4k_fit.py). The
 search (ONNX Runtime's k-quant, 20 candidate grids a block) finds Q4_K's own scale on such blocks and rounds
 its min to a zero point; this fit has a lower error on the real 1.5B target (README.md, "Requirements, as
 measured") at a small part of the cost. Blocks it does not cover (a zero or negative scale, r outside 0..15, a
