@@ -2,8 +2,12 @@
 
     tensors = GgufTensors(path)
     tensors.match(site, W [K, N])  -> the GGUF tensor whose first and last rows are W's first and last columns, or None
+    tensors.raw(tensor)            -> its stored bytes, uint8 [N, row bytes], read into memory (a copy)
 
-GGUF dims are (K, N), the row length first; a tensor's data is its N rows of blocks, W transposed.
+GGUF dims are (K, N), the row length first; a tensor's data is its N rows of blocks, W transposed. `raw` reads
+a copy rather than the reader's memory map: the pages of a mapped file that a process has read stay in its
+resident memory while the map lives, so reading every tensor through it would add the file's size to the
+quantize stage's peak.
 """
 
 from __future__ import annotations
@@ -45,3 +49,8 @@ class GgufTensors:
             if np.array_equal(row0, first) and np.array_equal(row_last, last):
                 return t
         return None
+
+    def raw(self, tensor: Any) -> np.ndarray:
+        """The tensor's stored bytes as uint8 [N, row bytes], read from the file (memory freed with the array)."""
+        data = np.fromfile(self.path, np.uint8, count=int(tensor.n_bytes), offset=int(tensor.data_offset))
+        return data.reshape(int(tensor.shape[1]) if len(tensor.shape) == 2 else 1, -1)

@@ -220,7 +220,7 @@ class _Q4kFitSource:
         found = {"gguf_tensor": tensor.name, "format": tensor.tensor_type.name}
         fitted = None
         if found["format"] == "Q4_K" and not (is_lm_head and self.search.spec.lm_head_bits):
-            fitted = q4k_int4_blocks(np.asarray(tensor.data).reshape(site.n, -1), weight.T)
+            fitted = q4k_int4_blocks(self.tensors.raw(tensor), weight.T)
         if fitted is None:
             return self.search.choose(site, weight, is_lm_head, extra=found)
         q, scale, zero, searched = fitted
