@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from specpack.errors import SpecpackError
 from specpack.export.gguf_stream import write_streamed
 from specpack.export.gguf_tensors import load_covered
+from specpack.export.progress import duration
 from specpack.export.staging import remove_stale, temp_prefix
 from specpack.hashing import sha256_file
 
@@ -83,6 +84,7 @@ def convert_gguf(gguf_path: Path, cache_dir: Path | None = None, *, console: Con
             _convert_into(gguf_path, tmp)
             record = _source_record(gguf_path, summary, time.perf_counter() - start)
             (tmp / RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        console.print(f"converted {gguf_path.name} in {duration(time.perf_counter() - start)}", highlight=False)
         if (out / RECORD).is_file():  # another process finished first: keep its copy
             shutil.rmtree(tmp)
         else:

@@ -1,6 +1,6 @@
 """spec-export: model sources in, a pack directory out. Stages run in order, each files -> files:
 
-    resolve sources -> read model info -> vocabulary check
+    resolve sources (a .gguf file converts: the draft's and the target's at once) -> read model info -> vocabulary check
       -> plain graphs (export/, torch, one process each)          work/{draft,target}.onnx
          or onnxruntime-genai's model builder (--graphs builder)  work/{draft,target}-builder/model.onnx
          (which quantizes as it builds: --quantize-* int4 / int8)
@@ -42,7 +42,14 @@ from specpack.export.model_info import ModelInfo, read_model_info, require_weigh
 from specpack.export.progress import phase
 from specpack.export.sources import resolve_source
 from specpack.export.stages import AttachedGraphs, Graph, Model, PlainGraphs, QuantizedGraphs, Role, Sources
-from specpack.export.staging import check_destination, publish, run_isolated, staging_dir, stop_on_signals
+from specpack.export.staging import (
+    check_destination,
+    publish,
+    run_isolated,
+    run_isolated_all,
+    staging_dir,
+    stop_on_signals,
+)
 from specpack.export.writer import write_pack_manifest
 from specpack.names import DRAFT_STEP_FILE, HEAD_STEP_FILE, VERIFY_FILE
 from specpack.quantize import modes
@@ -100,12 +107,13 @@ def resolve_sources(draft_src: str | None, target_src: str, out: Path, config: E
         from specpack.calibration.sets import check_prompt_file
 
         check_prompt_file(config.calib_prompts)  # a bad file fails now, not after the exports
-    # a GGUF source converts to an fp32 model directory (the 1.5B peaks near 9 GB): each in its own process
-    with phase("preparing the target's source (a .gguf file converts once to a cached model directory)", _log):
-        dirs: dict[Role, Path] = {"target": _run_stage(resolve_source, config.isolate, target_src)}
-    if draft_src is not None:
-        with phase("preparing the draft's source", _log):
-            dirs["draft"] = _run_stage(resolve_source, config.isolate, draft_src)
+    # a GGUF source converts to an fp32 model directory (one tensor at a time, about 2 GB for the 1.5B), each in its
+    # own process, the two at once: a conversion keeps about one core busy
+    unique = list(dict.fromkeys(srcs[role] for role in reversed(srcs)))  # the target's first; one source once
+    what = "the target's source" if len(srcs) == 1 else "the two sources at once" if len(unique) == 2 else "the source"
+    with phase(f"preparing {what} (a .gguf file converts once to a cached model directory)", _log):
+        resolved = dict(zip(unique, _run_stages(resolve_source, config.isolate, [(src,) for src in unique]), strict=True))
+    dirs: dict[Role, Path] = {role: resolved[src] for role, src in srcs.items()}
     for model_dir in (dirs.get("draft", dirs["target"]), dirs["target"]):
         require_weights(model_dir)
     head: dict[str, Any] | None = None
@@ -162,7 +170,8 @@ def quantized_graphs(sources: Sources, plain: PlainGraphs, work: Path, config: E
             graphs[role] = graph
             continue
         path = work / f"{role}.{method}.onnx"
-        gguf = Path(model.src).expanduser() if method == modes.GGUF else None
+        from_gguf = model.src.lower().endswith(".gguf") and method in (modes.GGUF, modes.INT4)
+        gguf = Path(model.src).expanduser() if from_gguf else None  # int4: its Q4_K blocks are fit, not searched
         with phase(f"quantizing the {role} ({method})", _log):
             if method in modes.CALIBRATED:
                 record = _run_stage(_calibrate, config.isolate, graph.path, path, method, model.model_dir, config)
@@ -305,7 +314,8 @@ def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: st
 
 
 def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:
-    """Stage 2: weight-only quantization of any plain graph (quantize/stage.py); returns the manifest record."""
+    """Stage 2: weight-only quantization of any plain graph (quantize/stage.py), `gguf` the file it was exported
+    from (gguf: its blocks; int4: its Q4_K blocks fit); returns the manifest record."""
     from specpack.quantize.stage import quantize_plain_graph
 
     return quantize_plain_graph(plain, out, method, gguf)
@@ -356,6 +366,11 @@ def _remove_graph(graph: Path) -> None:
 def _run_stage(fn: Callable[..., T], isolate: bool, *args: object) -> T:
     """Run a stage in a fresh process (its memory is returned when it ends) or in this one."""
     return run_isolated(fn, *args) if isolate else fn(*args)
+
+
+def _run_stages(fn: Callable[..., T], isolate: bool, args: list[tuple[object, ...]]) -> list[T]:
+    """`fn` on each of `args`: in fresh processes, all at once, or one after another in this one."""
+    return run_isolated_all([(fn, a) for a in args]) if isolate else [fn(*a) for a in args]
 
 
 def _log(message: str) -> None:

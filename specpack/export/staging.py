@@ -3,6 +3,7 @@
     check_destination(out, overwrite)  an existing -o must be a pack (or an empty folder) to be replaced
     stop_on_signals()                  SIGTERM / SIGHUP raise SystemExit, so clean-up runs (SIGINT already does)
     run_isolated(fn, *args)            fn in a fresh process; the process is stopped if this one is interrupted
+    run_isolated_all([(fn, args), ..]) several at once, each in its own process; the first failure stops the rest
     staging_dir(out)                   .NAME.partial-PID-HOST-xxxx beside `out`, removed on any failure;
                                        disk-full and read-only failures become SpecpackErrors that say so
     publish(staging, out)              checks `out` again, then renames the staging directory into place
@@ -24,10 +25,10 @@ import socket
 import tempfile
 import threading
 import traceback
-from collections.abc import Callable, Iterator
-from multiprocessing.connection import Connection
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from specpack.errors import SpecpackError, os_error
 
@@ -161,27 +162,47 @@ def run_isolated(fn: Callable[..., T], *args: object) -> T:
     Its exception (SpecpackError included) is raised here; if it dies (the OOM killer) that is a SpecpackError;
     if this process is interrupted, the child is stopped before the interrupt goes on.
     """
+    result: T = run_isolated_all([(fn, args)])[0]
+    return result
+
+
+def run_isolated_all(calls: Sequence[tuple[Callable[..., Any], tuple[object, ...]]]) -> list[Any]:
+    """Each `fn(*args)` of `calls` in a fresh process of its own, all running at once (started from this thread);
+    their results in order. The first error or death to come stops the others and is raised, as run_isolated
+    raises it; an interrupt stops them all."""
     ctx = multiprocessing.get_context("spawn")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, fn, args, os.getpid()), daemon=True)
-    try:  # from start() on: an interrupt that lands while the child is being launched stops it too
-        proc.start()
-        send.close()
-        try:
-            ok, value, remote_tb = receive.recv()
-        except EOFError:  # the child ended without a word
-            proc.join()
-            raise _died(fn, proc.exitcode) from None
-        proc.join(30)  # it is exiting
+    workers: list[tuple[Callable[..., Any], Any, Connection, Connection]] = []
+    try:  # from start() on: an interrupt that lands while a child is being launched stops it too
+        for fn, args in calls:
+            receive, send = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(send, fn, args, os.getpid()), daemon=True)
+            workers.append((fn, proc, receive, send))
+            proc.start()
+            send.close()
+        results: list[Any] = [None] * len(workers)
+        pending = {receive: i for i, (_, _, receive, _) in enumerate(workers)}
+        while pending:
+            for ready in wait(list(pending)):
+                conn = cast(Connection, ready)
+                i = pending.pop(conn)
+                fn, proc = workers[i][:2]
+                try:
+                    ok, value, remote_tb = conn.recv()
+                except EOFError:  # the child ended without a word
+                    proc.join()
+                    raise _died(fn, proc.exitcode) from None
+                proc.join(30)  # it is exiting
+                if not ok:
+                    if remote_tb and hasattr(value, "add_note") and not isinstance(value, SpecpackError):
+                        value.add_note(f"in the worker process:\n{remote_tb}")
+                    raise value
+                results[i] = value
     finally:
-        send.close()  # (again: closing twice is harmless) not left open when start() was interrupted
-        receive.close()
-        _stop(proc)
-    if ok:
-        return value
-    if remote_tb and hasattr(value, "add_note") and not isinstance(value, SpecpackError):
-        value.add_note(f"in the worker process:\n{remote_tb}")
-    raise value
+        for _, proc, receive, send in workers:
+            send.close()  # (again: closing twice is harmless) not left open when start() was interrupted
+            receive.close()
+            _stop(proc)
+    return results
 
 
 def _child(send: Connection, fn: Callable[..., Any], args: tuple[object, ...], parent_pid: int) -> None:

@@ -74,7 +74,7 @@ def _decode_q6_k(blocks: np.ndarray) -> Decoded:
     return q + np.uint8(96), d * sc, None
 
 
-def _decode_q4_k(blocks: np.ndarray) -> Decoded:
+def decode_q4_k(blocks: np.ndarray) -> Decoded:
     from gguf.quants import Q4_K
 
     d, dmin = _fp16(blocks[:, :2]), _fp16(blocks[:, 2:4])
@@ -89,7 +89,7 @@ FORMATS: dict[str, tuple[Callable[[np.ndarray], Decoded], int, int]] = {
     "Q4_0": (_decode_q4_0, 4, 32),
     "Q5_0": (_decode_q5_0, 8, 32),
     "Q6_K": (_decode_q6_k, 8, 16),
-    "Q4_K": (_decode_q4_k, 4, 32),
+    "Q4_K": (decode_q4_k, 4, 32),
 }
 
 

@@ -8,7 +8,9 @@ which the manifest's Quantization.method is).
            it keeps greedy alpha within 0.006 of the unquantized draft's at k 1-4 where round to nearest loses
            up to 0.013 (32 HumanEval prompts; bench/README.md, "Which weights cost the int4 draft its alpha"),
            at the same size and speed; the search costs 17x round to nearest's time with ONNX Runtime's own
-           code (2 minutes for the 0.5B on 2 cores), 1.8x less CPU than that with kquant.py's (the same numbers)
+           code (2 minutes for the 0.5B on 2 cores), 1.8x less CPU than that with kquant.py's (the same numbers);
+           from a GGUF source, its Q4_K tensors are not searched: their blocks are fit from Q4_K's own 4-bit
+           integers (q4k_fit.py), at a lower error than the search's, the same layout
     gguf   a GGUF source's own blocks, carried over where they map exactly (gguf_blocks.py), else
            dequantized + quantized; the default for a .gguf source
 

@@ -80,31 +80,34 @@ def _attr(node: onnx.NodeProto, name: str, default: Any) -> Any:
 
 
 class WeightReader:
-    """An initializer's values as a numpy array (external data memory-mapped, inline data decoded)."""
+    """An initializer's values as a numpy array (external data memory-mapped, inline data decoded).
+
+    Each read maps only that tensor's bytes, and the map goes with the array: the pages a process has read from a
+    mapped file stay in its resident memory while the map lives, so one map of the whole data file, kept open,
+    would grow to the file's size (6.8 GB for the 1.5B target) as every weight is read."""
 
     def __init__(self, model_path: Path) -> None:
         self.base = Path(model_path).parent
-        self._maps: dict[str, np.memmap] = {}
 
     def read(self, tensor: TensorProto) -> np.ndarray:
         dtype = _FLOATS.get(tensor.data_type)
         if tensor.data_location != TensorProto.EXTERNAL:
             return numpy_helper.to_array(tensor)
-        info = {e.key: e.value for e in tensor.external_data}
-        location = info["location"]
-        if location not in self._maps:
-            self._maps[location] = np.memmap(self.base / location, dtype=np.uint8, mode="r")
-        start = int(info.get("offset", 0))
         np_dtype = np.dtype(dtype) if dtype is not None else onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
         count = int(np.prod(tensor.dims)) if tensor.dims else 1
-        raw = self._maps[location][start : start + count * np_dtype.itemsize]
-        return raw.view(np_dtype).reshape(tuple(tensor.dims))
+        return self._map(tensor, count * np_dtype.itemsize).view(np_dtype).reshape(tuple(tensor.dims))
 
     def raw_bytes(self, tensor: TensorProto) -> bytes | memoryview:
         """The tensor's stored bytes (for copying a tensor unchanged into a new data file)."""
         if tensor.data_location != TensorProto.EXTERNAL:
             return tensor.raw_data
         info = {e.key: e.value for e in tensor.external_data}
-        self.read(tensor)  # opens the map
-        start, length = int(info.get("offset", 0)), int(info["length"])
-        return memoryview(self._maps[info["location"]][start : start + length].data)
+        return memoryview(self._map(tensor, int(info["length"])).data)
+
+    def _map(self, tensor: TensorProto, length: int) -> np.ndarray:
+        """uint8 [length]: the tensor's bytes in its external data file, mapped (an empty array for no bytes)."""
+        info = {e.key: e.value for e in tensor.external_data}
+        if length == 0:
+            return np.empty(0, np.uint8)
+        return np.memmap(self.base / info["location"], dtype=np.uint8, mode="r", offset=int(info.get("offset", 0)),
+                         shape=(length,))

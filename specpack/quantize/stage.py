@@ -4,7 +4,9 @@
                                                                                            + one .data file
 Sources:
     int4 / int8   ONNX Runtime's own quantizer (matmul_nbits_quantizer's kernels) on W: k-quant search for
-                  int4, round to nearest for int8 (modes.py)
+                  int4 (kquant.py's copy), round to nearest for int8 (modes.py)
+    int4 of a     the GGUF's Q4_K tensors fit from their own 4-bit integers (q4k_fit.py: no search, a lower
+    GGUF source   error than the search's), found by their values; the other weights searched as above
     gguf          the GGUF file's blocks where they map exactly (gguf_blocks.py), found by their values;
                   other quantized formats are dequantized (W is that) + quantized by ONNX Runtime's
                   quantizer; float GGUF tensors stay float
@@ -31,11 +33,12 @@ from specpack.errors import SpecpackError
 from specpack.graphs.prune_logits import LmHead, find_lm_head
 from specpack.quantize import modes
 from specpack.quantize.external_data import DataFileWriter, stored_bytes
-from specpack.quantize.nbits import BlockQuant, quantize_kquant, quantize_rtn
+from specpack.quantize.nbits import BlockQuant, from_values, quantize_kquant, quantize_rtn
 from specpack.quantize.rewrite import MS_DOMAIN, GraphEdit, float_type_of
 from specpack.quantize.sites import Site, WeightReader, find_sites
 
 MIN_BLOCK = 16  # MatMulNBits' smallest block
+Q4K_BLOCK = 32  # Q4_K's blocks of a scale and a min: int4's block size, where q4k_fit.py applies
 
 
 @dataclass
@@ -49,7 +52,8 @@ class Choice:
 def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | None = None,
                          spec: modes.WeightOnlySpec | None = None) -> dict[str, Any]:
     """Write the `method` ("int4" | "int8" | "gguf") form of `plain` to `out`; returns its manifest record.
-    `spec` overrides the mode's settings (modes.SPECS)."""
+    `gguf_path`: the GGUF file `plain` was exported from (gguf: needed; int4: its Q4_K blocks are fit, not
+    searched). `spec` overrides the mode's settings (modes.SPECS)."""
     plain, out = Path(plain), Path(out)
     spec = spec or modes.SPECS[method]
     if method == modes.GGUF and gguf_path is None:
@@ -61,7 +65,7 @@ def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | 
     reader = WeightReader(plain)
     inits = {t.name: t for t in graph.initializer}
     sites = [s for s in find_sites(graph) if s.kind != "embedding" or graph.node[s.node].input[1] == names.INPUT_IDS]
-    source = _GgufSource(Path(gguf_path), spec) if method == modes.GGUF and gguf_path else _RtnSource(spec)
+    source = _source(method, spec, gguf_path)
     tied = {s.tensor for s in sites if s.kind == "tied"}
     lm_head = find_lm_head(graph)
     lm_head_node = lm_head.index if isinstance(lm_head, LmHead) else None
@@ -104,7 +108,7 @@ def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | 
     after = sum(stored_bytes(t) for t in model.graph.initializer)
     record = {**spec.to_dict(), "method": method, "tensors": records, "summary": summarize(records),
               "bytes_before": before, "bytes_after": after, "seconds": round(time.perf_counter() - start, 1)}
-    if method == modes.GGUF:
+    if not isinstance(source, _RtnSource):
         record["gguf"] = str(gguf_path)
     _log(f"quantized {plain.name} ({method}): {before / 2**20:.0f} -> {after / 2**20:.0f} MiB, "
          + ", ".join(f"{n} {path}" for path, n in summarize(records).items()))
@@ -116,10 +120,20 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for r in records:
         label = r["path"] + (f" {r['format']}" if "format" in r else "")
-        if r["path"] in ("rtn", "k_quant", "gguf-requantized"):
+        if r["path"] in ("rtn", "k_quant", "gguf-requantized", "q4k-fit"):
             label += f" -> int{r['bits']}"
         counts[label] += 1
     return dict(sorted(counts.items()))
+
+
+def _source(method: str, spec: modes.WeightOnlySpec, gguf_path: Path | None) -> _RtnSource | _GgufSource | _Q4kFitSource:
+    """Where each weight's blocks come from: the GGUF file's own (gguf), fit from its Q4_K blocks (the default
+    int4 of a GGUF source), else the mode's quantizer."""
+    if gguf_path is not None and method == modes.GGUF:
+        return _GgufSource(Path(gguf_path), spec)
+    if gguf_path is not None and (spec.bits, spec.block_size, spec.algorithm, spec.symmetric) == (4, Q4K_BLOCK, "k_quant", False):
+        return _Q4kFitSource(Path(gguf_path), spec)
+    return _RtnSource(spec)
 
 
 def _embeddings_first(sites: list[Site]) -> list[Site]:
@@ -161,23 +175,18 @@ class _RtnSource:
 
 
 class _GgufSource:
-    """The GGUF file's tensors, matched to the graph's weights by their values (first and last row)."""
+    """The GGUF file's tensors, matched to the graph's weights by their values (gguf_match.py)."""
 
     def __init__(self, path: Path, spec: modes.WeightOnlySpec) -> None:
-        import gguf
+        from specpack.quantize.gguf_match import GgufTensors
 
-        self.reader = gguf.GGUFReader(path)
+        self.tensors = GgufTensors(path)
         self.rtn = _RtnSource(spec)
-        self.by_shape: dict[tuple[int, int], list[Any]] = {}
-        for t in self.reader.tensors:
-            if len(t.shape) == 2:  # GGUF dims are (K, N): the row length first
-                self.by_shape.setdefault((int(t.shape[1]), int(t.shape[0])), []).append(t)
-        self._rows: dict[str, tuple[np.ndarray, np.ndarray]] = {}
 
     def choose(self, site: Site, weight: np.ndarray, is_lm_head: bool = False) -> Choice:
         from specpack.quantize.gguf_blocks import exact_block_quant
 
-        tensor = self._match(site, weight)
+        tensor = self.tensors.match(site, weight)
         if tensor is None:
             return Choice(None, {"path": "kept", "why": "no GGUF tensor has these values"})
         fmt = tensor.tensor_type.name
@@ -191,21 +200,34 @@ class _GgufSource:
         bits = modes.fallback_bits(8 * tensor.n_bytes / max(tensor.n_elements, 1))
         return self.rtn.choose(site, weight, is_lm_head, bits, {**found, "path": "gguf-requantized", "why": quant})
 
-    def _match(self, site: Site, weight: np.ndarray) -> Any | None:
-        """The GGUF tensor whose first and last rows equal W's first and last columns."""
-        import gguf
 
-        first, last = np.asarray(weight[:, 0], np.float32), np.asarray(weight[:, -1], np.float32)
-        for t in self.by_shape.get((site.n, site.k), []):
-            if t.name not in self._rows:
-                rows = np.asarray(t.data).reshape(site.n, -1)
-                qtype = gguf.GGMLQuantizationType(t.tensor_type)
-                self._rows[t.name] = (gguf.quants.dequantize(rows[:1], qtype).reshape(-1),
-                                      gguf.quants.dequantize(rows[-1:], qtype).reshape(-1))
-            row0, row_last = self._rows[t.name]
-            if np.array_equal(row0, first) and np.array_equal(row_last, last):
-                return t
-        return None
+class _Q4kFitSource:
+    """int4 from a GGUF source: its Q4_K tensors' blocks fit from their own integers (q4k_fit.py), every other
+    weight searched (k-quant) as without the file. The int4 layout either way: blocks of 32, uint8 zero points."""
+
+    def __init__(self, path: Path, spec: modes.WeightOnlySpec) -> None:
+        from specpack.quantize.gguf_match import GgufTensors
+
+        self.tensors = GgufTensors(path)
+        self.search = _RtnSource(spec)
+
+    def choose(self, site: Site, weight: np.ndarray, is_lm_head: bool = False) -> Choice:
+        from specpack.quantize.q4k_fit import q4k_int4_blocks
+
+        tensor = self.tensors.match(site, weight)
+        if tensor is None:
+            return self.search.choose(site, weight, is_lm_head)
+        found = {"gguf_tensor": tensor.name, "format": tensor.tensor_type.name}
+        fitted = None
+        if found["format"] == "Q4_K" and not (is_lm_head and self.search.spec.lm_head_bits):
+            fitted = q4k_int4_blocks(self.tensors.raw(tensor), weight.T)
+        if fitted is None:
+            return self.search.choose(site, weight, is_lm_head, extra=found)
+        q, scale, zero, searched = fitted
+        quant = from_values(q.reshape(site.n, site.k), scale.reshape(site.n, -1), 4, Q4K_BLOCK,
+                            zero.reshape(site.n, -1))
+        return Choice(quant, {"path": "q4k-fit", "bits": 4, "block_size": Q4K_BLOCK, "bytes": quant.nbytes,
+                              "searched_blocks": searched, **found})
 
 
 def _write(model: onnx.ModelProto, out: Path, writer: DataFileWriter, reader: WeightReader, edit: GraphEdit,

@@ -29,3 +29,18 @@ def die() -> None:
 
 def answer(x: int) -> int:
     return x * 2
+
+
+def wait_for(path: Path) -> str:
+    """Return once `path` exists (another worker makes it): only workers that run at once both finish."""
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.02)
+    return "seen"
+
+
+def make(path: Path) -> str:
+    path.write_text("here")
+    return "made"

@@ -20,7 +20,15 @@ from click.testing import CliRunner
 from specpack.cli.main import spec_export
 from specpack.errors import SpecpackError
 from specpack.export import staging
-from specpack.export.staging import check_destination, publish, remove_stale, run_isolated, staging_dir, temp_prefix
+from specpack.export.staging import (
+    check_destination,
+    publish,
+    remove_stale,
+    run_isolated,
+    run_isolated_all,
+    staging_dir,
+    temp_prefix,
+)
 from tests.export import staging_children
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,6 +169,18 @@ def test_worker_results_errors_and_deaths() -> None:
     with pytest.raises(SpecpackError, match="killed by signal 9") as err:
         run_isolated(staging_children.die)
     assert "out-of-memory" in str(err.value)
+
+
+def test_workers_run_at_once_and_the_first_failure_stops_the_rest(tmp_path: Path) -> None:
+    flag = tmp_path / "flag"  # the first worker waits for what the second makes: they run at the same time
+    calls = [(staging_children.wait_for, (flag,)), (staging_children.make, (flag,))]
+    assert run_isolated_all(calls) == ["seen", "made"]
+    folder = tmp_path / "forever"
+    folder.mkdir()
+    with pytest.raises(SpecpackError, match="nope"):  # raised at once, not after the first worker (which never ends)
+        run_isolated_all([(staging_children.write_forever, (folder,)), (staging_children.refuse, ("nope",))])
+    pid = folder / "child.pid"  # absent if it was stopped before it got that far
+    assert not pid.exists() or _gone(int(pid.read_text()))
 
 
 STAGE_SCRIPT = """
