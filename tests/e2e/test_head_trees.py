@@ -156,9 +156,10 @@ def _features_after(pack: Pack, drafter: HeadDrafter | None, prompt: str, tokens
     """The features cache rows [0, length - 1) after a greedy generation (head trees, or the target alone)."""
     run = pack if drafter is None else _with(pack, drafter)
     out = run.generate(prompt, tokens, k=0 if drafter is None else None, tree="off" if drafter is None else 16)
-    features = pack.backend.target().engine.features  # type: ignore[attr-defined]
+    features = pack.backend.target().engine.features[0]  # type: ignore[attr-defined]
+    host = features if isinstance(features, np.ndarray) else features.read()  # a device buffer: read back
     length = len(pack.encode(prompt)) + len(out.tokens)
-    return features[0][0, 0, : length - 2].copy(), out.stats["accepted"]
+    return host[0, 0, : length - 2].copy(), out.stats["accepted"]
 
 
 def test_the_features_of_accepted_siblings_move_into_place(pack: Pack, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -179,6 +180,35 @@ def test_the_features_of_accepted_siblings_move_into_place(pack: Pack, monkeypat
     with runtime_mutation("features_not_compacted"):
         stale, _ = _features_after(pack, drafter, PROMPT, 40)
     assert np.abs(stale - want).max() > 1e-2  # the test sees a compaction that does nothing
+
+
+@pytest.fixture(scope="module")
+def dev(head_tree_dirs: tuple[Path, Path, Path]) -> Iterator[Pack]:
+    """The cuda backend's code on the CPU EP (tests/runtime/test_cuda_backend.py's device_pack)."""
+    from tests.runtime.test_cuda_backend import device_pack
+
+    loaded = device_pack(head_tree_dirs[0])
+    yield loaded
+    loaded.close()
+
+
+def test_the_cuda_backends_head_trees(pack: Pack, dev: Pack) -> None:
+    """Greedy: the target alone's tokens through the device head's trees (uploaded inputs, outputs read back) and
+    kv_compact.onnx moving the features rows on the device (the features cache equals the target alone's); sampling:
+    the cpu backend's tokens for the same seed."""
+    for nodes, width, depth in ((4, 2, 2), (16, 8, 2), (12, 3, 12)):
+        shaped = _with(dev, ShapedHeadDrafter(dev, TreeShape(width, depth)))
+        assert shaped.generate(PROMPT, 24, tree=nodes).tokens == pack.generate(PROMPT, 24, k=0).tokens, nodes
+    want, _ = _features_after(dev, None, PROMPT, 40)
+    got, accepted = _features_after(dev, ShapedHeadDrafter(dev, TreeShape(8, 2)), PROMPT, 40)
+    assert accepted >= 2
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=0)
+    assert pack.generate(PROMPT, 24, drafter="head", tree="off", k=2).tokens == \
+        dev.generate(PROMPT, 24, drafter="head", tree="off", k=2).tokens  # chains through the tree form
+    for params in ({"temperature": 1.0, "seed": 3}, {"temperature": 0.7, "top_k": 20, "seed": 11}):
+        for tree in (4, "auto"):
+            want_tokens = pack.generate(PROMPT, 24, drafter="head", tree=tree, **params).tokens  # type: ignore[arg-type]
+            assert dev.generate(PROMPT, 24, drafter="head", tree=tree, **params).tokens == want_tokens, (params, tree)  # type: ignore[arg-type]
 
 
 class PeekingDrafter(HeadDrafter):
@@ -214,7 +244,8 @@ def _head_tree_samples(pack: Pack, dirs: tuple[Path, Path, Path], params: Sampli
     return pvalue(part, samples), samples
 
 
-@pytest.mark.parametrize("params", [SamplingParams(1.0, top_k=3), SamplingParams(0.7, top_k=5)], ids=str)
+@pytest.mark.parametrize("params", [pytest.param(SamplingParams(1.0, top_k=3), marks=pytest.mark.slow),
+                                    SamplingParams(0.7, top_k=5)], ids=str)
 def test_sampled_head_trees_keep_the_distribution(pack: Pack, head_tree_dirs: tuple[Path, Path, Path],
                                                   params: SamplingParams) -> None:
     p, samples = _head_tree_samples(pack, head_tree_dirs, params, SAMPLES,

@@ -38,6 +38,7 @@ from specpack.runtime.engine import (
     tree_refusal,
 )
 from specpack.runtime.graph_check import check_graph_matches
+from specpack.runtime.head_tree_rows import HeadTreeBuffers
 from specpack.runtime.kv_cache import ConcatKVCache, KVCache
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, VerifyResult
@@ -244,15 +245,14 @@ class OrtHead(_OrtModel):
         slot = state.slot
         cache = self.caches[slot]
         start = cache.length
+        index = tree.next_run(slot, run)
         if run is None:  # the catch-up: rows t = start .. length - 2 from target features, no own row
-            c, w, index = state.length - 1 - start, 0, 0
-            tree.runs[slot] = 0
+            c, w = state.length - 1 - start, 0
+            own = {**tree.chain_inputs(slot, start + c, 0), names.DRAFT_IDS: state.ids[None, :0],  # [1, 0]
+                   names.HIDDEN_IN: tree.hidden_in[slot][:, :0]}                                  # [1, 0, H]
         else:
-            c, w, index = 0, len(run.tokens), tree.runs[slot] + 1
-            tree.runs[slot] = index
-        own = tree.own_inputs(slot, run, start) if run is not None else {  # the catch-up: no own row
-            **tree.chain_inputs(slot, start + c, 0), names.DRAFT_IDS: state.ids[None, :0],        # [1, 0]
-            names.HIDDEN_IN: tree.hidden_in[slot][:, :0]}                                         # [1, 0, H]
+            c, w = 0, len(run.tokens)
+            own = tree.own_inputs(slot, run, start)
         inputs = {
             names.INPUT_IDS: state.ids[None, start + 1 : start + 1 + c],                        # [1, C]
             names.FEATURES: self.features[slot],                                                 # [1, 1, M, F]
@@ -263,59 +263,10 @@ class OrtHead(_OrtModel):
                    names.HIDDEN_OUT: self._hidden[slot][0], **tree.outputs(slot, index, w), **cache.bind_outputs(c + w)}
         self.graph.run(self._bindings[slot], inputs, outputs)
         cache.advance(c + w)
-        r = max(w, 1)  # the catch-up's one row is its last (row W of the outputs, W = 0)
-        return TopRows(tree.tokens[slot][index, :r].copy(), tree.logprobs[slot][index, :r].copy(),
-                       index * tree.rows_per_run + np.arange(r), start + c + np.arange(r) if w else
-                       np.array([start + c - 1]))
+        return tree.top_rows(slot, index, w, start if w else start + c - 1)
 
     def q(self, state: DecodeState, k: int) -> np.ndarray:
         return self._q[state.slot][:, :k]  # [1, k, V]
-
-
-class HeadTreeBuffers:
-    """Per slot, what a tree-form head binds besides a chain head's (docs/heads.md, "Trees drafted by the head"): own
-    rows' positions and mask, and each run's top-K tokens, log-probabilities and row outputs o, kept for the whole tree
-    (a later run's hidden_in gathers from them)."""
-
-    def __init__(self, slots: int, width: int, max_runs: int, max_len: int, hidden: int, dtype: np.dtype) -> None:
-        """width: K (the graph's TopK, the widest expansion); max_runs: the catch-up + the deepest tree's expansions."""
-        self.width, self.rows_per_run, self.max_len = width, width + 1, max_len
-        r = width + 1  # a run's output rows: W own rows then the last (W <= K)
-        self.tokens = [np.zeros((max_runs, r, width), np.int64) for _ in range(slots)]      # [runs, W+1, K]
-        self.logprobs = [np.zeros((max_runs, r, width), np.float32) for _ in range(slots)]  # [runs, W+1, K]
-        self.hidden = [np.zeros((max_runs * r, hidden), dtype) for _ in range(slots)]        # [runs * (W+1), H]
-        self.hidden_in = [np.zeros((1, width, hidden), dtype) for _ in range(slots)]         # [1, K, H]
-        self.positions = [np.zeros((1, width), np.int64) for _ in range(slots)]              # [1, K]
-        self.mask = [np.zeros((1, width, max_len), np.bool_) for _ in range(slots)]          # [1, K, M]
-        self.all_rows = np.ones((1, 1, max_len), np.bool_)                                   # [1, 1, M] a chain's
-        self.runs = [0] * slots                                                               # the tree's last run
-
-    def chain_inputs(self, slot: int, first: int, w: int) -> dict[str, np.ndarray]:
-        """W <= 1 own rows of a chain (or none): at their cache rows from `first`, reading every row before them."""
-        positions = self.positions[slot][:, :w]
-        positions[0] = first + np.arange(w)
-        return {names.DRAFT_POSITIONS: positions, names.DRAFT_MASK: self.all_rows[:, :w]}
-
-    def own_inputs(self, slot: int, run: HeadTreeRun, start: int) -> dict[str, np.ndarray]:
-        """A tree run's own rows (cache rows start ..): the nodes' tokens, their predicting rows' outputs, position and
-        mask (the committed rows, the ancestors' rows, its own)."""
-        w = len(run.tokens)
-        hidden_in, positions, mask = self.hidden_in[slot][:, :w], self.positions[slot][:, :w], self.mask[slot][:, :w]
-        hidden_in[0] = self.hidden[slot][run.hidden]  # [W, H] gathered
-        positions[0] = run.position
-        mask[:] = False
-        mask[0, :, : run.committed] = True
-        mask[0, np.arange(w)[:, None], run.ancestors] = True  # [W, d - 1]
-        mask[0, np.arange(w), start + np.arange(w)] = True  # each row's own
-        return {names.DRAFT_IDS: run.tokens[None], names.HIDDEN_IN: hidden_in, names.DRAFT_POSITIONS: positions,
-                names.DRAFT_MASK: mask}
-
-    def outputs(self, slot: int, index: int, w: int) -> dict[str, np.ndarray]:
-        """Run `index`'s outputs: W + 1 rows of top-K tokens, log-probabilities and outputs o."""
-        r = self.rows_per_run
-        return {names.TREE_TOKENS: self.tokens[slot][index : index + 1, : w + 1],
-                names.TREE_LOGPROBS: self.logprobs[slot][index : index + 1, : w + 1],
-                names.TREE_HIDDEN: self.hidden[slot][None, index * r : index * r + w + 1]}
 
 
 def _feature_rows(features: np.ndarray, start: int, count: int) -> np.ndarray:
