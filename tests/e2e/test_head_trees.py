@@ -75,6 +75,44 @@ def test_the_head_tree_pack(pack: Pack) -> None:
     assert names.TARGET_FEATURES in {s.name for s in compact.outputs}
 
 
+def test_the_tree_verify_writes_every_rows_features(pack: Pack, head_tree_dirs: tuple[Path, Path, Path]) -> None:
+    """verify.onnx of the head tree pack, run alone: after a prefill (a tree of no node), a tree verify writes at node
+    i's row the features of its root path: transformers' hidden_states of the head's taps at the node's position."""
+    import onnxruntime as ort
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    m = pack.manifest
+    assert m.head is not None
+    session = ort.InferenceSession(str(head_tree_dirs[0] / m.target.graph.path), providers=["CPUExecutionProvider"])
+    ids = pack.encode(PROMPT)
+    parents = np.array([-1, -1, 0, 0, 1, 2, 5], np.int64)
+    tokens = np.random.default_rng(3).integers(0, m.vocab_size, len(parents))
+    cache = {s.name: np.zeros([m.max_len if d == "max_sequence_length" else d for d in s.shape], np.float32)
+             for s in session.get_inputs() if s.name.startswith(("past_", names.PAST_TARGET_FEATURES))}
+    for rows, tree in ((np.array(ids[:-1]), parents[:0]), (np.array([ids[-1], *tokens]), parents)):
+        start = int(np.flatnonzero(cache[names.PAST_TARGET_FEATURES][0, 0].any(-1)).size)  # rows written so far
+        feeds = {names.INPUT_IDS: rows[None], names.POSITION_IDS: start + np.arange(len(rows))[None],
+                 names.ATTENTION_MASK: (np.arange(m.max_len) < start + len(rows)).astype(np.int64)[None],
+                 names.PARENTS: tree[None], names.UNIFORMS: np.zeros((1, len(tree) + 1), np.float32),
+                 names.TEMPERATURE: np.zeros(1, np.float32), names.TOP_K: np.zeros(1, np.int64),
+                 names.TOP_P: np.ones(1, np.float32), **cache}
+        out = dict(zip([o.name for o in session.get_outputs()], session.run(None, feeds), strict=True))
+        cache = {name: out[name.replace("past_key_values", "present") if name != names.PAST_TARGET_FEATURES
+                           else names.TARGET_FEATURES] for name in cache}
+    features = cache[names.PAST_TARGET_FEATURES][0, 0]  # [M, F]
+    model = AutoModelForCausalLM.from_pretrained(head_tree_dirs[2], dtype=torch.float32).eval()
+    for node in range(len(parents)):
+        path, up = [], node
+        while up >= 0:
+            path.insert(0, int(tokens[up]))
+            up = int(parents[up])
+        with torch.no_grad():
+            hidden = model(torch.tensor([ids + path]), output_hidden_states=True).hidden_states
+        want = torch.cat([hidden[i][0, -1] for i in m.head.taps]).numpy()  # [F]
+        np.testing.assert_allclose(features[len(ids) + node], want, rtol=1e-4, atol=1e-4, err_msg=str(node))
+
+
 class ChainCheckingDrafter(HeadDrafter):
     """Drafts head trees and, before returning each, runs the head as a chain along the root path of every node a tree
     run expanded, checking that run's top-K for the node against the chain's (then puts the proposal back)."""
