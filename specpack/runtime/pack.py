@@ -6,7 +6,8 @@ Drafters: "model" (the pack's draft model; packs exported with one), "head" (the
 with --draft-head) and "ngram" (prompt lookup: every pack).
 k: None is "auto" (AdaptiveK, the default), an int N is N drafts every step (FixedK; 0: the target alone).
 tree: "auto" (the default) sizes token trees per step (TreePolicy) where the pack has a tree verify graph and the drafter
-drafts trees (the n-gram drafter); "off" drafts chains; N is N nodes every step (FixedTree). docs/trees.md.
+drafts trees (the n-gram drafter, a tree pack's head); "off" drafts chains; N is N nodes every step (FixedTree).
+docs/trees.md.
 
 Thread safety (docs/architecture.md, "Threads"): one lock per Pack around each generation.
 """
@@ -248,11 +249,12 @@ class Pack:
                  tree: TreeOption = TREE_AUTO, on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None) -> Generation:
         """Speculative decoding: k drafts per step (None, the default: adaptive, "auto"; 0: the target alone)
-        from `drafter` ("model" | "ngram"; None: the pack's own, the manifest's `drafter`).
+        from `drafter` ("model" | "head" | "ngram"; None: the pack's own, the manifest's `drafter`).
 
         `tree`: "auto" (the default) drafts token trees sized per step where the pack has a tree verify graph and the
-        drafter drafts trees (the n-gram drafter), chains elsewhere; "off": chains; N: N nodes every step (refused
-        where the pack takes fewer, or no trees, or the drafter drafts chains; with a fixed k too). docs/trees.md.
+        drafter drafts trees (the n-gram drafter, a tree pack's head), chains elsewhere; "off": chains; N: N nodes
+        every step (refused where the pack takes fewer, or no trees, or the drafter drafts chains; with a fixed k
+        too). docs/trees.md.
 
         Greedy by default; the output distribution is the target's for any sampling parameters, and the same
         seed gives the same tokens. `on_text` receives the text as it is decoded; an exception it raises
