@@ -169,6 +169,7 @@ class ChainCheckingDrafter(HeadDrafter):
 def test_tree_rows_are_the_chains_rows(pack: Pack) -> None:
     drafter = ChainCheckingDrafter(pack, TreeShape(3, 4))
     out = _with(pack, drafter).generate(PROMPT, 12, tree=12)
+    print(f"checked {drafter.checked} expanded nodes")
     assert out.stats["tree"] and drafter.checked >= 20, drafter.checked
 
 
