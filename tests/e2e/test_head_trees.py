@@ -75,6 +75,25 @@ def test_the_head_tree_pack(pack: Pack) -> None:
     assert names.TARGET_FEATURES in {s.name for s in compact.outputs}
 
 
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d["head"].update(tree_width=0), "I/O is not the contract"),  # tree I/O, no tree_width
+    (lambda d: d["target"]["graph"]["tree"]["kv_compact"]["inputs"].pop(), "features cache"),
+    (lambda d: d["target"]["graph"].pop("tree"), "tree_width"),  # a tree head on a chain target
+])
+def test_the_manifest_refuses_a_broken_head_tree_pack(head_tree_dirs: tuple[Path, Path, Path],
+                                                      mutate: Callable[[dict[str, Any]], object], message: str) -> None:
+    import json
+
+    from specpack.contract.manifest import parse_manifest
+    from specpack.errors import SpecpackError
+
+    data = json.loads((head_tree_dirs[0] / "manifest.json").read_text())
+    parse_manifest(json.dumps(data).encode())
+    mutate(data)
+    with pytest.raises(SpecpackError, match=message):
+        parse_manifest(json.dumps(data).encode())
+
+
 def test_the_tree_verify_writes_every_rows_features(pack: Pack, head_tree_dirs: tuple[Path, Path, Path]) -> None:
     """verify.onnx of the head tree pack, run alone: after a prefill (a tree of no node), a tree verify writes at node
     i's row the features of its root path: transformers' hidden_states of the head's taps at the node's position."""
