@@ -28,10 +28,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
-    from specpack.runtime.engine import HeadTreeRun, TopRows
-
-if TYPE_CHECKING:
     from specpack.contract.manifest import Manifest
+    from specpack.runtime.engine import HeadTreeRun, TopRows
     from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 BACKENDS: dict[str, str] = {  # device name -> module with `load(path, manifest, options) -> Backend`
