@@ -23,6 +23,11 @@ Tree mutations (TREE_MUTATIONS, `tree_mutation`) replace one step of specpack/gr
                              residual (r_i = r_{i-1}, q not subtracted)
     q_not_renormalized       without replacement: q_i has the earlier siblings removed but is not renormalised
 
+Runtime mutations (RUNTIME_MUTATIONS, `runtime_mutation`) replace one step of the runtime:
+
+    features_not_compacted   after a tree verify, a head pack's features cache keeps its rows in node order (the
+                             cpu backend's keep_feature_rows does nothing): the head reads rejected nodes' features
+
 Batched verify head mutations (BATCHED_HEAD_MUTATIONS, `batched_head_mutation`) change the graph built while they
 are active (specpack/graphs/batched_head.py):
 
@@ -135,3 +140,17 @@ BATCHED_HEAD_MUTATIONS = tuple(_BATCHED_HEAD_PATCHES)
 def batched_head_mutation(name: str) -> contextlib.AbstractContextManager[None]:
     """The batched verify head built with the defect `name` (BATCHED_HEAD_MUTATIONS) inside the block."""
     return _patched(batched_head, *_BATCHED_HEAD_PATCHES[name])
+
+
+def _runtime_patches() -> dict[str, tuple[object, str, Callable[..., object]]]:
+    from specpack.runtime.backends import cpu
+
+    return {"features_not_compacted": (cpu, "keep_feature_rows", lambda features, start, path: None)}
+
+
+RUNTIME_MUTATIONS = ("features_not_compacted",)
+
+
+def runtime_mutation(name: str) -> contextlib.AbstractContextManager[None]:
+    """The runtime with the defect `name` (RUNTIME_MUTATIONS) for the duration of the block."""
+    return _patched(*_runtime_patches()[name])

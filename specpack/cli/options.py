@@ -27,9 +27,9 @@ k_option = click.option(
 
 tree_option = click.option(
     "--tree", "tree_text", default=TREE_AUTO, show_default=True,
-    help="Token trees (a pack exported with --max-tree-nodes, the n-gram drafter): auto (nodes, width and depth chosen "
-         "per step from acceptance and measured verify costs), off (chains), or N nodes every step (1..the pack's max "
-         "tree nodes). docs/trees.md.")
+    help="Token trees (a pack exported with --max-tree-nodes; the n-gram drafter, or the pack's head): auto (nodes, "
+         "width and depth chosen per step from acceptance and measured verify costs), off (chains), or N nodes every "
+         "step (1..the pack's max tree nodes). docs/trees.md.")
 
 drafter_option = click.option(
     "--drafter", type=click.Choice(DRAFTERS), default=None,

@@ -41,6 +41,8 @@ TOKENIZER_FILES = tuple(f"{names.TOKENIZER_DIR}/{f}" for f in names.TOKENIZER_LO
 HEAD_INPUTS = (names.INPUT_IDS, names.FEATURES, names.DRAFT_IDS, names.HIDDEN_IN, names.TEMPERATURE, names.TOP_K,
                names.TOP_P, names.UNIFORM)  # head_step.onnx, besides its KV cache (names.py, "Head packs")
 HEAD_OUTPUTS = (names.TOKEN, names.PROBS, names.HIDDEN_OUT)
+TREE_HEAD_INPUTS = (names.DRAFT_POSITIONS, names.DRAFT_MASK)  # a head's tree form adds (docs/heads.md)
+TREE_HEAD_OUTPUTS = (names.TREE_TOKENS, names.TREE_LOGPROBS, names.TREE_HIDDEN)
 ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain inputs and the KV cache
     "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
     "target": ({names.DRAFT_PROBS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN}),
@@ -268,11 +270,14 @@ class ModelEntry(_Closed):
                 _check_kv_spec(spec, self)
         if g.tree is not None:
             compact = g.tree.kv_compact
-            want_in = {names.ATTENTION_MASK, names.PATH, *names.kv_names(self.num_layers, "past")}
-            if {s.name for s in compact.inputs} != want_in or \
-                    {s.name for s in compact.outputs} != set(names.kv_names(self.num_layers, "present")):
+            features = names.PAST_TARGET_FEATURES in {s.name for s in g.inputs}  # a head pack's features cache
+            want_in = {names.ATTENTION_MASK, names.PATH, *names.kv_names(self.num_layers, "past"),
+                       *([names.PAST_TARGET_FEATURES] if features else [])}
+            want_out = {*names.kv_names(self.num_layers, "present"), *([names.TARGET_FEATURES] if features else [])}
+            if {s.name for s in compact.inputs} != want_in or {s.name for s in compact.outputs} != want_out:
                 raise ValueError(f"tree.kv_compact's inputs must be {names.ATTENTION_MASK}, {names.PATH} and the past "
-                                 f"KV tensors, its outputs the present KV tensors (num_layers {self.num_layers})")
+                                 f"KV tensors, its outputs the present KV tensors (num_layers {self.num_layers}), "
+                                 "and the features cache where the verify graph takes one")
             for spec in [*compact.inputs, *compact.outputs]:
                 if spec.name.startswith(("past_key_values.", "present.")):
                     _check_kv_spec(spec, self)
@@ -330,6 +335,7 @@ class HeadEntry(_Open):
     weights_sha256: Sha256            # of the head's head.safetensors
     target_weights_sha256: Sha256     # heads/target_hash.py
     data: list[HeadData] = Field(max_length=256)
+    tree_width: Annotated[int, Field(ge=0, le=64)] = 0  # > 0: the tree form (a tree pack's head): K of its TopK
 
     @model_validator(mode="after")
     def _check_io(self) -> HeadEntry:
@@ -340,6 +346,11 @@ class HeadEntry(_Open):
         if self.graph.kv_cache == "static":  # the static mask says where the run's rows go
             want_in.add(names.ATTENTION_MASK)
         want_out = set(HEAD_OUTPUTS) | set(names.kv_names(1, "present"))
+        if self.tree_width:  # the tree form: own rows' positions and mask in, each row's top-K out
+            if self.graph.kv_cache != "static":
+                raise ValueError("a head's tree form (tree_width > 0) needs kv_cache 'static'")
+            want_in |= set(TREE_HEAD_INPUTS)
+            want_out |= set(TREE_HEAD_OUTPUTS)
         if set(inputs) != want_in or not want_out <= set(outputs):
             raise ValueError(f"the head graph's I/O is not the contract's: expected inputs {sorted(want_in)} and outputs "
                              f"{sorted(want_out)}, found inputs {sorted(inputs)[:12]} and outputs {sorted(outputs)[:12]}")
@@ -502,6 +513,9 @@ def _check_head(head: HeadEntry, target: ModelEntry, vocab_size: int) -> None:
         raise ValueError(f"the head graph's KV form ({head.graph.kv_cache}) is not the target's "
                          f"({target.graph.kv_cache}, features cache {'in' if cache else 'absent'}): a static head reads "
                          f"the target's features cache {names.PAST_TARGET_FEATURES!r}")
+    if bool(head.tree_width) != (target.graph.tree is not None):
+        raise ValueError(f"a head pack's head has the tree form (tree_width {head.tree_width}) exactly when its target "
+                         f"verifies trees (tree {'present' if target.graph.tree is not None else 'absent'})")
     probs = next(s for s in head.graph.outputs if s.name == names.PROBS)
     if probs.shape and isinstance(probs.shape[-1], int) and probs.shape[-1] != vocab_size:
         raise ValueError(f"the head graph's probs has shape {probs.shape}, while vocab_size is {vocab_size}")

@@ -97,10 +97,6 @@ class ExportConfig:
         """--max-tree-nodes: a number in range, and a form the tree verify graph is built for."""
         if not check_tree_nodes(self.max_tree_nodes):
             return
-        if self.draft_head is not None:  # the tree form keeps no features cache, and kv_compact moves no features
-            raise SpecpackError("--max-tree-nodes with --draft-head is not built yet", expected="one of the two",
-                                found="--max-tree-nodes with --draft-head",
-                                hint="docs/trees.md, 'What remains': trees drafted by a head")
         refused = [(self.graphs != "torch", f"--graphs {self.graphs}", "--graphs torch"),
                    (self.kv_cache != "static", f"--kv-cache {self.kv_cache}", "--kv-cache static"),
                    (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime")]

@@ -19,6 +19,11 @@ Two KV forms, the target's (`--kv-cache`):
              target's whole features cache [1, 1, M, F] (what the static verify writes in place), rows [L, L + C) read
              in the graph: every run over the same C, W binds the same buffers with the same shapes whatever L is, so
              the cuda backend captures it as a CUDA graph
+    tree     (static, for a tree pack: --max-tree-nodes) + draft_positions int64 [1, W] and draft_mask bool [1, W, M]
+             (an own row's position and the cache rows it may read, ANDed with the causal mask: a token tree's rows
+             read the committed rows and their ancestors only); + tree_tokens int64 / tree_logprobs fp32 [1, W + 1, K]
+             (TopK of the head's log-softmax over its subset, temperature 1, for the own rows then the last row) and
+             tree_hidden [1, W + 1, H] (those rows' o). Chains bind positions = their cache rows and an all-true mask
 """
 
 from __future__ import annotations
@@ -38,6 +43,9 @@ from specpack.heads.head_file import HeadRecord, build_head, check_target, read_
 HEAD_INPUTS = (names.INPUT_IDS, names.FEATURES, names.DRAFT_IDS, names.HIDDEN_IN, *names.kv_names(1, "past"))
 HEAD_OUTPUTS = (names.LOGITS, names.HIDDEN_OUT, *names.kv_names(1, "present"))
 STATIC_HEAD_INPUTS = (*HEAD_INPUTS[:4], names.ATTENTION_MASK, *HEAD_INPUTS[4:])
+TREE_HEAD_INPUTS = (*HEAD_INPUTS[:4], names.DRAFT_POSITIONS, names.DRAFT_MASK, names.ATTENTION_MASK, *HEAD_INPUTS[4:])
+TREE_HEAD_OUTPUTS = (*HEAD_OUTPUTS[:2], names.TREE_TOKENS, names.TREE_LOGPROBS, names.TREE_HIDDEN, *HEAD_OUTPUTS[2:])
+TREE_WIDTH_MAX = 8  # K of the tree form's TopK: the most children a node of a head-drafted tree gets
 
 
 def check_head_for_target(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, Any]:
@@ -53,10 +61,16 @@ def check_head_for_target(head_dir: Path, target_dir: Path, target_src: str) -> 
     return record.data
 
 
+def tree_width(max_tree_nodes: int, subset_size: int) -> int:
+    """K of a tree head step's TopK (0: no tree form): TREE_WIDTH_MAX, at most the nodes and the subset's tokens."""
+    return min(TREE_WIDTH_MAX, max_tree_nodes, subset_size) if max_tree_nodes else 0
+
+
 def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: str, vocab_size: int,
-                     kv_cache: str = "concat") -> None:
+                     kv_cache: str = "concat", max_tree_nodes: int = 0) -> None:
     """head_step.onnx (+ .data) for the head at `head_dir`, its frozen parts from the target at `target_dir`;
-    kv_cache "concat" or "static" (the target's form)."""
+    kv_cache "concat" or "static" (the target's form); max_tree_nodes > 0 (static only): the tree form (module
+    docstring), its TopK K = tree_width(max_tree_nodes, subset size)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -65,7 +79,8 @@ def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: st
     head = build_head(record, target).to(getattr(torch, GRAPH_DTYPES[dtype].torch))
     del target
     plain = out_onnx.with_name(f"{out_onnx.stem}.plain.onnx")
-    program = _export(head, record, dtype, kv_cache == "static")
+    width = tree_width(max_tree_nodes, record.config.subset_size)
+    program = _export(head, record, dtype, kv_cache == "static", width)
     _save(program, plain)
     with warnings.catch_warnings():  # the head's logits come from a Scatter, not a recognizable lm_head: they are
         warnings.simplefilter("ignore", LogitsNotPrunedWarning)  # one row already
@@ -131,7 +146,51 @@ class _StaticStepForward:
         return StaticStepForward().eval()
 
 
-def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False) -> Any:
+class _TreeStepForward:
+    """forward(input_ids, features, draft_ids, hidden_in, draft_positions, draft_mask, attention_mask, past_key,
+    past_value): the static step whose own rows sit at draft_positions and read only the cache rows draft_mask allows
+    (their tree ancestors, the committed rows, themselves), plus each own row's top-K tokens, their log-probabilities
+    and its output o. Catch-up rows are as in the static step (position = cache row, causal)."""
+
+    @staticmethod
+    def wrap(head: Any, width: int) -> Any:
+        import torch
+
+        from specpack.export.static_attention import shape_value, standard_attention
+
+        c = head.config
+
+        class TreeStepForward(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.head = head
+
+            def forward(self, input_ids: torch.Tensor, features: torch.Tensor, draft_ids: torch.Tensor,
+                        hidden_in: torch.Tensor, draft_positions: torch.Tensor, draft_mask: torch.Tensor,
+                        attention_mask: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor
+                        ) -> tuple[torch.Tensor, ...]:
+                ids = torch.cat([input_ids, draft_ids], dim=1)  # [1, S], S = C + W
+                seq, catchup = ids.shape[1], input_ids.shape[1]
+                start = attention_mask.sum(dim=-1) - shape_value(seq, ids.device)  # [1] L: the run's first cache row
+                rows = features[0, 0].index_select(0, start + torch.arange(catchup))  # [C, F]
+                a = torch.cat([self.head.fc(rows[None]), hidden_in], dim=1)  # [1, S, H]
+                positions = torch.cat([start + torch.arange(catchup), draft_positions[0]])  # [S]
+                q, k, v = self.head._qkv(a, ids, positions)  # q [1, heads, S, D], k / v [1, kv_heads, S, D]
+                allowed = torch.cat([torch.ones(catchup, draft_mask.shape[2], dtype=torch.bool), draft_mask[0]])
+                out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start,
+                                                                     c.head_dim ** -0.5, None, allowed)  # [S, M]
+                o = self.head._finish(a, out.reshape(1, seq, c.heads * c.head_dim))  # [1, S, H]
+                last = o[:, -1:]
+                top_rows = torch.cat([o[:, catchup:], last], dim=1)  # [1, W + 1, H] own rows, then the last
+                logp = torch.log_softmax(self.head.subset_logits(top_rows).to(torch.float32), dim=-1)  # [1, W+1, V_sub]
+                values, index = torch.topk(logp, width, dim=-1)  # [1, W + 1, K] best first (ties: the lower index)
+                return (self.head.full_logits(last), last, self.head.subset[index], values, top_rows, present_key,
+                        present_value)
+
+        return TreeStepForward().eval()
+
+
+def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False, width: int = 0) -> Any:
     import torch
     from torch.export import Dim
 
@@ -155,13 +214,20 @@ def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False) -> 
                    *(torch.zeros(1, c.kv_heads, m, c.head_dim, dtype=torch_dtype) for _ in range(2)))
         shapes = ({1: C}, {2: L}, {1: W}, {1: W}, {1: L}, {2: L}, {2: L})
         forward, input_names, translations = _StaticStepForward.wrap(head), list(STATIC_HEAD_INPUTS), TRANSLATIONS
+    output_names = list(HEAD_OUTPUTS)
+    if static and width:  # the tree form: own rows' positions and mask [1, W], [1, W, M] before the static mask
+        example = (*example[:4], torch.tensor([[past, past + 1]]), torch.ones(1, own, m, dtype=torch.bool),
+                   *example[4:])
+        shapes = (*shapes[:4], {1: W}, {1: W, 2: L}, *shapes[4:])
+        forward, input_names, output_names = _TreeStepForward.wrap(head, width), list(TREE_HEAD_INPUTS), \
+            list(TREE_HEAD_OUTPUTS)
     registration = logging.getLogger("torch.onnx._internal.exporter._registration")  # "torchvision is not installed"
     level = registration.level
     registration.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore")
-            return torch.onnx.export(forward, example, input_names=input_names, output_names=list(HEAD_OUTPUTS),
+            return torch.onnx.export(forward, example, input_names=input_names, output_names=output_names,
                                      dynamic_shapes=shapes, opset_version=OPSET, dynamo=True, optimize=True,
                                      verbose=False, custom_translation_table=translations)
     except Exception as e:  # torch.export raises many types; say it was the head
@@ -172,4 +238,5 @@ def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False) -> 
         registration.setLevel(level)
 
 
-__all__ = ["HEAD_INPUTS", "HEAD_OUTPUTS", "STATIC_HEAD_INPUTS", "check_head_for_target", "export_head_step"]
+__all__ = ["HEAD_INPUTS", "HEAD_OUTPUTS", "STATIC_HEAD_INPUTS", "TREE_HEAD_INPUTS", "TREE_HEAD_OUTPUTS",
+           "TREE_WIDTH_MAX", "check_head_for_target", "export_head_step", "tree_width"]

@@ -222,14 +222,16 @@ def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path
         from specpack.graphs.kv_compact import write_kv_compact
         from specpack.names import KV_COMPACT_FILE
 
-        info = sources.target.info
-        write_kv_compact(pack_dir / KV_COMPACT_FILE, info.num_layers, info.kv_heads, info.head_dim, config.dtype)
+        info = sources.target.info  # a head pack's features cache moves with the KV cache (docs/trees.md)
+        feature_dim = 0 if sources.head is None else len(sources.taps) * int(sources.head["config"]["target_hidden"])
+        write_kv_compact(pack_dir / KV_COMPACT_FILE, info.num_layers, info.kv_heads, info.head_dim, config.dtype,
+                         feature_dim)
     head_file = None
     if sources.head_dir is not None:
         head_file = HEAD_STEP_FILE
         with phase("exporting the draft head's step graph", _log):
             _run_stage(_export_head, config.isolate, sources.head_dir, sources.target.model_dir, pack_dir / head_file,
-                       config.dtype, sources.vocab_size, config.kv_cache)
+                       config.dtype, sources.vocab_size, config.kv_cache, config.max_tree_nodes)
     return AttachedGraphs(files=files, quantization={role: g.quantization for role, g in quantized.graphs.items()},
                           head_file=head_file)
 
@@ -296,11 +298,13 @@ def _check_head(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, 
     return check_head_for_target(head_dir, target_dir, target_src)
 
 
-def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_size: int, kv_cache: str) -> None:
-    """head_step.onnx from the trained head, in the target's KV form (export/head_export.py)."""
+def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_size: int, kv_cache: str,
+                 max_tree_nodes: int = 0) -> None:
+    """head_step.onnx from the trained head, in the target's KV form (export/head_export.py); max_tree_nodes > 0:
+    its tree form (it drafts token trees)."""
     from specpack.export.head_export import export_head_step
 
-    export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache)
+    export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache, max_tree_nodes)
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str, method: str,

@@ -27,6 +27,8 @@ The tree form (tree_nodes > 0: static cache, either attention; docs/trees.md) ad
                             root, row S - T - 1); T = 0 .. tree_nodes (dim_param tree_nodes)
     -> each node attends to the rows before the nodes and to its own ancestors' rows only, at position
        position_ids[root] + depth (the nodes' own position_ids are not read); rows before the nodes are causal
+    with taps (a head pack): the features cache after `parents`, every row's features written in place (the nodes'
+    too, in node order: kv_compact moves the accepted path's rows, as for the KV cache)
 torch and transformers are imported inside functions only.
 """
 
@@ -243,14 +245,16 @@ def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = 
             self.lm = lm
 
         def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
-                    parents: torch.Tensor, *past: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                    parents: torch.Tensor, *rest: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            feature_cache, past = (rest[0], rest[1:]) if taps else (None, rest)  # [1, 1, M, F], [1, H, M, D] ...
             seq = input_ids.shape[1]
             anc = sa.tree_ancestors(parents[0], doubling_rounds(tree_nodes))  # [T, T]
             end = attention_mask.sum(dim=-1)  # [1] L + S (data: the start L is end - S, taken in tree_allowed)
             state.begin(attention_mask, past, sa.tree_allowed(anc, seq, end, attention_mask.shape[1]))
             out = self.lm(input_ids=input_ids, position_ids=sa.tree_positions(position_ids, anc), use_cache=False,
                           output_hidden_states=bool(taps))
-            return (out.logits, *_features(out, taps), *state.ordered_presents())  # [1, S, V], [1, S, F], [1, H, M, D]
+            features = [] if feature_cache is None else [_write_features(feature_cache, out, taps, input_ids, end)]
+            return (out.logits, *features, *state.ordered_presents())  # [1, S, V], [1, 1, M, F], [1, H, M, D]
 
     class StaticForward(torch.nn.Module):
         def __init__(self, lm: torch.nn.Module):
@@ -264,13 +268,24 @@ def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = 
             # no cache object and no mask for transformers: the static attention reads both from `state`
             out = self.lm(input_ids=input_ids, position_ids=position_ids, use_cache=False,
                           output_hidden_states=bool(taps))
-            features = []
-            if feature_cache is not None:  # the run's rows written at [L, L + S) of the cache, in place
-                start = attention_mask.sum(dim=-1) - sa.shape_value(input_ids.shape[1], input_ids.device)  # [1] L
-                features = [torch.ops.specpack.kv_write(feature_cache, _features(out, taps)[0][:, None], start)]
+            features = [] if feature_cache is None else [
+                _write_features(feature_cache, out, taps, input_ids, attention_mask.sum(dim=-1))]
             return (out.logits, *features, *state.ordered_presents())  # [1, S, V], [1, 1, M, F], [1, H, M, D]
 
     return (StaticTreeForward(model) if tree_nodes else StaticForward(model)).eval()
+
+
+def _write_features(cache: torch.Tensor, out: Any, taps: tuple[int, ...], input_ids: torch.Tensor,
+                    end: torch.Tensor) -> torch.Tensor:
+    """The features cache [1, 1, M, F] with the run's S rows written at [L, L + S) in place (L = end - S, end the
+    static mask's ones): every row the run computed, a tree's nodes too (in node order, like the KV cache: kv_compact
+    moves the accepted path's rows after a tree verify)."""
+    import torch
+
+    from specpack.export import static_attention as sa
+
+    start = end - sa.shape_value(input_ids.shape[1], input_ids.device)  # [1] L (a shape value via a Range)
+    return torch.ops.specpack.kv_write(cache, _features(out, taps)[0][:, None], start)
 
 
 def _feature_dim(model: torch.nn.Module, taps: tuple[int, ...]) -> int:

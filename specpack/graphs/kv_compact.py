@@ -10,6 +10,8 @@ CUDA-graph capture per tree size. Bound like the verify's cache: each present.* 
     path            int64 [1, T+1]          the verify's output, unchanged
     past_key_values.{i}.key|value  [1, Hkv, M, D]   (the verify's present buffers)
     -> present.{i}.key|value       [1, Hkv, M, D]   the same buffers: rows R + d <- rows R + path[d], d <= n
+    a head pack's (feature_dim F > 0) features cache too, the same rows moved:
+    past_target_features [1, 1, M, F] -> target_features [1, 1, M, F]   (bound in place like the KV cache)
 
         R    = ReduceSum(attention_mask) - (T + 1)                      [1]    the root's cache row (T + 1 through
                                                                                GraphBuilder.shape_value: on the device)
@@ -42,9 +44,10 @@ _ELEM_TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": T
 MAX, PATH_ROWS = "max_sequence_length", "T_plus_1"
 
 
-def kv_compact_model(num_layers: int, kv_heads: int, head_dim: int, dtype: str = "fp32",
-                     opset: int = 18) -> onnx.ModelProto:
-    """The compaction graph for a static cache of `num_layers` layers of [1, kv_heads, M, head_dim] (module docstring)."""
+def kv_compact_model(num_layers: int, kv_heads: int, head_dim: int, dtype: str = "fp32", opset: int = 18,
+                     feature_dim: int = 0) -> onnx.ModelProto:
+    """The compaction graph for a static cache of `num_layers` layers of [1, kv_heads, M, head_dim] (module docstring);
+    feature_dim > 0: a head pack's features cache past_target_features -> target_features [1, 1, M, F] too."""
     b = GraphBuilder(opset)
     rows = b.op("Shape", names.PATH, start=1, end=2)  # [1] T + 1, a host value
     total = b.reduce("ReduceSum", names.ATTENTION_MASK, axis=1, keepdims=False)  # [1] R + T + 1
@@ -52,16 +55,21 @@ def kv_compact_model(num_layers: int, kv_heads: int, head_dim: int, dtype: str =
     step = b.op("Range", b.const(0), b.op("Squeeze", rows, b.const([0])), b.const(1))  # [T+1] d
     path = b.op("Squeeze", names.PATH, b.const([0]))  # [T+1]
     source = b.op("Add", root, b.op("Where", b.op("Less", path, b.const(0)), step, path))  # [T+1] R + path[d]
-    indices = _row_indices(b, b.op("Add", root, step), kv_heads)  # [1, Hkv, T+1, 3] (0, h, R + d)
-    for past, present in zip(names.kv_names(num_layers, "past"), names.kv_names(num_layers, "present"), strict=True):
-        moved = b.op("Gather", past, source, axis=2)  # [1, Hkv, T+1, D]
-        b.op("ScatterND", past, indices, moved)
-        b.nodes[-1].output[0] = present
+    dst = b.op("Add", root, step)  # [T+1] R + d
+    indices = _row_indices(b, dst, kv_heads)  # [1, Hkv, T+1, 3] (0, h, R + d)
+    pairs = list(zip(names.kv_names(num_layers, "past"), names.kv_names(num_layers, "present"), strict=True))
+    for past, present in pairs:
+        _move_rows(b, past, present, source, indices)
     elem = _ELEM_TYPES[dtype]
     kv: list[int | str] = [1, kv_heads, MAX, head_dim]
     inputs = [tensor_info(names.ATTENTION_MASK, INT64, [1, MAX]), tensor_info(names.PATH, INT64, [1, PATH_ROWS]),
-              *(tensor_info(name, elem, kv) for name in names.kv_names(num_layers, "past"))]
-    outputs = [tensor_info(name, elem, kv) for name in names.kv_names(num_layers, "present")]
+              *(tensor_info(past, elem, kv) for past, _ in pairs)]
+    outputs = [tensor_info(present, elem, kv) for _, present in pairs]
+    if feature_dim:  # the features cache: one more tensor of one "head", F wide
+        _move_rows(b, names.PAST_TARGET_FEATURES, names.TARGET_FEATURES, source, _row_indices(b, dst, 1))
+        features: list[int | str] = [1, 1, MAX, feature_dim]
+        inputs.append(tensor_info(names.PAST_TARGET_FEATURES, elem, features))
+        outputs.append(tensor_info(names.TARGET_FEATURES, elem, features))
     model = helper.make_model(helper.make_graph(b.nodes, "kv_compact", inputs, outputs),
                               opset_imports=[helper.make_opsetid("", opset)], producer_name="specpack")
     model.ir_version = min(model.ir_version, 10)  # what onnxruntime >= 1.20 reads
@@ -69,10 +77,18 @@ def kv_compact_model(num_layers: int, kv_heads: int, head_dim: int, dtype: str =
     return model
 
 
-def write_kv_compact(out: Path, num_layers: int, kv_heads: int, head_dim: int, dtype: str = "fp32") -> Path:
-    """kv_compact.onnx for one model's cache geometry, written to `out`; returns `out`."""
-    onnx.save_model(kv_compact_model(num_layers, kv_heads, head_dim, dtype), str(out))
+def write_kv_compact(out: Path, num_layers: int, kv_heads: int, head_dim: int, dtype: str = "fp32",
+                     feature_dim: int = 0) -> Path:
+    """kv_compact.onnx for one model's cache geometry (and a head pack's features cache), written to `out`."""
+    onnx.save_model(kv_compact_model(num_layers, kv_heads, head_dim, dtype, feature_dim=feature_dim), str(out))
     return out
+
+
+def _move_rows(b: GraphBuilder, past: str, present: str, source: Value, indices: Value) -> None:
+    """present = ScatterND(past, indices, Gather(past, source, axis=2)): rows source[d] -> the indices' rows."""
+    moved = b.op("Gather", past, source, axis=2)  # [1, H, T+1, D]
+    b.op("ScatterND", past, indices, moved)
+    b.nodes[-1].output[0] = present
 
 
 def _row_indices(b: GraphBuilder, dst: Value, kv_heads: int) -> Value:

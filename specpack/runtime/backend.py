@@ -29,6 +29,7 @@ from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
     from specpack.contract.manifest import Manifest
+    from specpack.runtime.engine import HeadTreeRun, TopRows
     from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 BACKENDS: dict[str, str] = {  # device name -> module with `load(path, manifest, options) -> Backend`
@@ -88,6 +89,16 @@ class DraftModel(Protocol):
 
     def rollback(self, state: DecodeState, length: int) -> None:
         """Keep at most the first `length` cached positions."""
+        ...
+
+
+class TreeDraftModel(DraftModel, Protocol):
+    """A draft that also drafts token trees (a tree pack's draft head: engine.TreeDraftEngine)."""
+
+    tree_width: int  # the most children a node can get (0: the draft drafts chains only)
+
+    def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
+        """A head tree's run on state.slot (engine.TreeDraftEngine.tree_step)."""
         ...
 
 

@@ -12,9 +12,13 @@ goes through the same verify, so the output keeps the target's distribution what
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from functools import partial
+from typing import Protocol, cast
 
-from specpack.runtime.backend import DraftModel
+import numpy as np
+
+from specpack.runtime.backend import DraftModel, TreeDraftModel
+from specpack.runtime.head_tree import head_tree
 from specpack.runtime.state import DecodeState, Proposal
 
 
@@ -68,7 +72,9 @@ class ModelDrafter:
 class HeadDrafter(ModelDrafter):
     """A draft head (docs/heads.md): it reads the target's features, which the verify writes, so it has no prefill
     of its own; its first step of each proposal catches up on the rows the target has computed since the last one.
-    Its cache keeps only rows computed from target features (EAGLE's rule): after the verify the drafted rows go."""
+    Its cache keeps only rows computed from target features (EAGLE's rule): after the verify the drafted rows go.
+    Where a tree policy sets the step's shape (state.tree; a tree pack's head), it drafts EAGLE-2's dynamic tree
+    (head_tree.py) instead of a chain: deterministic candidates (q None)."""
 
     def __init__(self, model: Callable[[], DraftModel]) -> None:
         super().__init__(model)
@@ -79,7 +85,16 @@ class HeadDrafter(ModelDrafter):
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         self._featured[state.slot] = state.length - 1  # rows t < length - 1 have target features
-        return super().propose(state, k)
+        shape = state.tree
+        if shape is None:
+            return super().propose(state, k)
+        # a tree policy's step: EAGLE-2's dynamic tree of k nodes at most, in the policy's shape (head_tree.py)
+        model, ids, start = cast(TreeDraftModel, self.model()), state.ids, state.length  # the backend's Draft
+        width = min(shape.width, model.tree_width)
+        tokens, parents = head_tree(partial(model.tree_step, state), start - 1, k, width, min(shape.depth, k),
+                                    state.eos_ids)
+        ids[start : start + len(tokens)] = tokens
+        return Proposal(tokens=ids[start : start + len(tokens)], q=None, parents=np.asarray(parents, np.int64))
 
     def commit(self, state: DecodeState) -> None:
         self.model().rollback(state, self._featured.pop(state.slot))

@@ -46,6 +46,27 @@ class TreeResult(NamedTuple):
     next_token: int         # the correction after the last accepted node, or the bonus after a leaf
 
 
+class HeadTreeRun(NamedTuple):
+    """One run of a head-drafted tree past the catch-up (docs/heads.md, "Trees drafted by the head"): W own rows, one
+    per node expanded, all at one depth. Each reads the head cache rows [0, committed) (computed from target features),
+    `ancestors[j]` (the rows of node j's expanded ancestors) and its own row, which this run writes."""
+
+    tokens: np.ndarray      # int64 [W]: the nodes' tokens (the rows' x_{t+1})
+    hidden: np.ndarray      # int64 [W]: where the output o of the row that predicted each node is kept (TopRows.hidden)
+    position: int           # the rows' position: the last committed token's + the nodes' depth - 1
+    committed: int          # head cache rows every row reads
+    ancestors: np.ndarray   # int64 [W, d - 1]: each row's expanded ancestors' cache rows (d: the nodes' depth)
+
+
+class TopRows(NamedTuple):
+    """What a head tree step gives back for its R rows (the catch-up: its last row; an expansion: its own rows)."""
+
+    tokens: np.ndarray      # int64 [R, K]: each row's top-K tokens, best first
+    logprobs: np.ndarray    # fp32 [R, K]: their log-probabilities under the head (temperature 1)
+    hidden: np.ndarray      # int64 [R]: where each row's output o is kept (a later HeadTreeRun.hidden)
+    rows: np.ndarray        # int64 [R]: the head cache row each row was written at
+
+
 def head_rows(cached: int, end: int, committed: int) -> tuple[int, int]:
     """The rows of a draft head's step to `end` (docs/heads.md, "How the runtime binds it"): (C, W), C catch-up rows
     t = cached .. end - 2 from the target's features (every row has them: end <= committed), or W = 1 drafted row
@@ -115,4 +136,15 @@ class DraftEngine(ModelEngine, Protocol):
 
     def q(self, state: DecodeState, k: int) -> Any:
         """Rows [0, k) of the slot's q buffer ([1, k, V] fp32 on the device): what the verify reads."""
+        ...
+
+
+class TreeDraftEngine(DraftEngine, Protocol):
+    """A draft head of the tree form (a tree pack's head_step.onnx): it also runs a token tree's rows."""
+
+    tree_width: int         # K: the most children a node can get (the graph's TopK)
+
+    def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
+        """run None: the catch-up to the committed length (rows from target features; its last row's top-K, the
+        root's children); else `run`'s own rows. The head cache advances over every row run."""
         ...

@@ -6,7 +6,8 @@ Drafters: "model" (the pack's draft model; packs exported with one), "head" (the
 with --draft-head) and "ngram" (prompt lookup: every pack).
 k: None is "auto" (AdaptiveK, the default), an int N is N drafts every step (FixedK; 0: the target alone).
 tree: "auto" (the default) sizes token trees per step (TreePolicy) where the pack has a tree verify graph and the drafter
-drafts trees (the n-gram drafter); "off" drafts chains; N is N nodes every step (FixedTree). docs/trees.md.
+drafts trees (the n-gram drafter, a tree pack's head); "off" drafts chains; N is N nodes every step (FixedTree).
+docs/trees.md.
 
 Thread safety (docs/architecture.md, "Threads"): one lock per Pack around each generation.
 """
@@ -192,8 +193,8 @@ class Pack:
         Adaptive k and the tree policy follow the step times measured on this machine, except for sampling with a seed,
         where the same seed must give the same tokens: there they follow acceptance alone, with fixed relative costs.
         """
-        width = self.drafters["ngram"].config.width if isinstance(self.drafters["ngram"], NgramDrafter) else 1
         if self.trees_for(drafter, tree):
+            width = self._tree_widths()[drafter]
             if isinstance(tree, int) or k is not None:
                 nodes = tree if isinstance(tree, int) else k
                 return FixedTree(nodes, width) if nodes else FixedK(0)
@@ -219,13 +220,23 @@ class Pack:
         if isinstance(tree, int) and not self.trees_for(drafter, tree):
             raise SpecpackError(f"the {drafter} drafter drafts chains, not trees",
                                 expected="tree 'auto' or 'off' with this drafter, or drafter 'ngram' (its tries) "
-                                         "for a fixed tree", found=f"tree {tree}, drafter {drafter!r}",
+                                         "or 'head' (a tree pack's head) for a fixed tree",
+                                found=f"tree {tree}, drafter {drafter!r}",
                                 hint="use --drafter ngram --tree N, or --k N for chains")
 
     def trees_for(self, drafter: str, tree: TreeOption) -> bool:
         """Whether a request drafts token trees: the pack verifies trees, the drafter drafts them (the n-gram drafter's
-        tries; the model and the head draft chains), and its tree is not "off"."""
-        return self.max_nodes > 0 and drafter == "ngram" and tree != TREE_OFF
+        tries; a tree pack's head, EAGLE-2's trees; the model drafts chains), and its tree is not "off"."""
+        return self.max_nodes > 0 and drafter in self._tree_widths() and tree != TREE_OFF
+
+    def _tree_widths(self) -> dict[str, int]:
+        """The drafters that draft trees here, each with the widest tree it drafts (the tree policy's width)."""
+        ngram = self.drafters["ngram"]
+        widths = {"ngram": ngram.config.width if isinstance(ngram, NgramDrafter) else 1}
+        head = self.manifest.head
+        if head is not None and head.tree_width:  # a tree pack's head (head_tree.py)
+            widths["head"] = head.tree_width
+        return widths
 
     @property
     def limits(self) -> PackLimits:
@@ -238,11 +249,12 @@ class Pack:
                  tree: TreeOption = TREE_AUTO, on_text: Callable[[str], None] | None = None,
                  cancel: threading.Event | None = None) -> Generation:
         """Speculative decoding: k drafts per step (None, the default: adaptive, "auto"; 0: the target alone)
-        from `drafter` ("model" | "ngram"; None: the pack's own, the manifest's `drafter`).
+        from `drafter` ("model" | "head" | "ngram"; None: the pack's own, the manifest's `drafter`).
 
         `tree`: "auto" (the default) drafts token trees sized per step where the pack has a tree verify graph and the
-        drafter drafts trees (the n-gram drafter), chains elsewhere; "off": chains; N: N nodes every step (refused
-        where the pack takes fewer, or no trees, or the drafter drafts chains; with a fixed k too). docs/trees.md.
+        drafter drafts trees (the n-gram drafter, a tree pack's head), chains elsewhere; "off": chains; N: N nodes
+        every step (refused where the pack takes fewer, or no trees, or the drafter drafts chains; with a fixed k
+        too). docs/trees.md.
 
         Greedy by default; the output distribution is the target's for any sampling parameters, and the same
         seed gives the same tokens. `on_text` receives the text as it is decoded; an exception it raises

@@ -14,16 +14,25 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 import numpy as np
 
 from specpack.errors import SpecpackError
-from specpack.runtime.engine import DraftEngine, ModelEngine, VerifyEngine, VerifyRun
+from specpack.runtime.engine import (
+    DraftEngine,
+    HeadTreeRun,
+    ModelEngine,
+    TopRows,
+    VerifyEngine,
+    VerifyRun,
+    tree_refusal,
+)
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 if TYPE_CHECKING:
     from specpack.contract.manifest import Manifest
+    from specpack.runtime.engine import TreeDraftEngine
 
 V = TypeVar("V", bound=VerifyEngine)  # a backend's verify engine
 D = TypeVar("D", bound=DraftEngine)   # a backend's draft engine
@@ -146,6 +155,17 @@ class Draft(Generic[D]):
 
     def rollback(self, state: DecodeState, length: int) -> None:
         _rollback(self.engine, state, length)
+
+    @property
+    def tree_width(self) -> int:
+        """The most children a node of a tree this draft drafts can get (0: it drafts chains only)."""
+        return int(getattr(self.engine, "tree_width", 0))
+
+    def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
+        """A head tree's run (engine.TreeDraftEngine): only a tree-form head's engine has it."""
+        if not self.tree_width:
+            raise tree_refusal("this pack's draft (a tree needs a draft head exported with --max-tree-nodes)")
+        return cast("TreeDraftEngine", self.engine).tree_step(state, run)
 
 
 def refuse_cpu_only(manifest: Manifest, backend: str, *, static_heads: bool = False, trees: bool = False) -> None:

@@ -186,6 +186,25 @@ def test_trees_on_the_gpu_give_the_targets_greedy_tokens(tiny_export, dtype: str
         pack.close()
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_head_trees_on_the_gpu_give_the_targets_greedy_tokens(tiny_head_pack, dtype: str) -> None:
+    """A head tree pack (--draft-head --max-tree-nodes 16, standard attention) on the CUDA EP: the target alone's
+    tokens with the head's trees (auto and fixed sizes; the tree runs uncaptured, the features rows moved by
+    kv_compact.onnx) and its chains through the tree form (captured)."""
+    pack_dir = tiny_head_pack("qwen2", kv_cache="static", dtype=dtype, attention="standard", max_tree_nodes=16)[0]
+    pack = specpack.load(pack_dir, device="cuda")
+    try:
+        for prompt in ["def add(a, b):", [5]]:
+            alone = pack.generate(prompt, 32, k=0, tree="off").tokens
+            for k, tree in ((2, "off"), (None, "auto"), (None, 4), (None, 16)):
+                got = pack.generate(prompt, 32, k=k, drafter="head", tree=tree)
+                assert got.tokens == alone, (prompt, k, tree)
+        report = pack.backend.capture_report()  # type: ignore[attr-defined]
+        print(f"head trees {dtype}: {report}")
+    finally:
+        pack.close()
+
+
 @pytest.fixture(scope="module")
 def builder_head_dirs(tiny_head_pack) -> tuple[Path, Path, Path]:
     """A head pack on the model builder's fp16 CUDA graphs (GroupQueryAttention: head_dim 16)."""

@@ -64,6 +64,30 @@ def test_kv_compact_moves_the_accepted_rows(session: ort.InferenceSession) -> No
             assert np.array_equal(got[:, :, : root], past[:, :, : root])  # the committed prefix is untouched
 
 
+def test_kv_compact_moves_a_head_packs_features_rows() -> None:
+    """With feature_dim (a head tree pack), the features cache [1, 1, M, F] moves the same rows as the KV cache."""
+    features_dim = 7
+    session = cpu_session(kv_compact_model(LAYERS, HEADS, HEAD_DIM, feature_dim=features_dim))
+    rng = np.random.default_rng(29)
+    moved = 0
+    for _ in range(60):
+        path, root, n = _case(rng)
+        mask = np.zeros((1, CACHE), np.int64)
+        mask[0, : root + path.shape[1]] = 1
+        cache = {name: rng.standard_normal((1, HEADS, CACHE, HEAD_DIM)).astype(F32)
+                 for name in names.kv_names(LAYERS, "past")}
+        features = rng.standard_normal((1, 1, CACHE, features_dim)).astype(F32)
+        out = session.run([*names.kv_names(LAYERS, "present"), names.TARGET_FEATURES],
+                          {names.ATTENTION_MASK: mask, names.PATH: path, **cache,
+                           names.PAST_TARGET_FEATURES: features})
+        want = _expected(features, path, root, n)
+        assert np.array_equal(out[-1][:, :, : root + n + 1], want[:, :, : root + n + 1]), (path, root)
+        assert np.array_equal(out[0][:, :, : root + n + 1], _expected(cache[names.past_name(0, "key")], path, root,
+                                                                      n)[:, :, : root + n + 1])
+        moved += not np.array_equal(want, features)
+    assert moved >= 10  # most paths move rows: the test would see a no-op
+
+
 def test_kv_compact_in_place(session: ort.InferenceSession) -> None:
     """Each present.* bound onto its past.* OrtValue (as the runtime binds the static cache): the buffers hold the
     compacted cache afterwards, and the chain's path (0, 1, .., n) leaves them as they were."""

@@ -28,8 +28,17 @@ from specpack.contract.verified_read import GraphBytes, graph_bytes
 from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.engine import TreeResult, VerifyRun, feature_buffer_shape, head_rows, tree_refusal
+from specpack.runtime.engine import (
+    HeadTreeRun,
+    TopRows,
+    TreeResult,
+    VerifyRun,
+    feature_buffer_shape,
+    head_rows,
+    tree_refusal,
+)
 from specpack.runtime.graph_check import check_graph_matches
+from specpack.runtime.head_tree_rows import HeadTreeBuffers
 from specpack.runtime.kv_cache import ConcatKVCache, KVCache
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, VerifyResult
@@ -143,6 +152,8 @@ class OrtTarget(_OrtModel):
         if not self.tree_nodes or run.parents is None:
             raise tree_refusal("this pack's verify graph (exported without --max-tree-nodes)")
         path = self._run_tree(run, run.parents[None])
+        if self.features is not None:  # a head pack's features cache: the accepted path's rows, like the KV rows
+            keep_feature_rows(self.features[run.state.slot], run.state.length, path)
         return TreeResult(path, int(self._outputs[run.state.slot][names.NEXT_TOKEN][0]))
 
     def _run_tree(self, run: VerifyRun, parents: np.ndarray) -> np.ndarray:
@@ -173,6 +184,13 @@ class OrtTarget(_OrtModel):
         return host_q[:, :k]  # [1, k, V]: the host buffer is what the session reads
 
 
+def keep_feature_rows(features: np.ndarray, start: int, path: np.ndarray) -> None:
+    """A head pack's features cache [1, 1, M, F] after a tree verify: rows start + path[i] -> start + i (node i's row
+    is start + i, as in Target._tree's KV move; a gather: the sources are read first). kv_compact.onnx on a device."""
+    if len(path):
+        features[0, 0, start : start + len(path)] = features[0, 0, start + path]
+
+
 class OrtHead(_OrtModel):
     """The DraftEngine of head_step.onnx (docs/heads.md, "How the runtime binds it"): a draft head over the target's
     features, its own one-layer concat cache; a step predicts the token at position `end`.
@@ -182,15 +200,18 @@ class OrtHead(_OrtModel):
     them (end > state.length) runs one drafted row t = end - 2 from the head's own last output (hidden_out)."""
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, features: list[np.ndarray],
-                 k_max: int, vocab_size: int, hidden: int, dtype: np.dtype) -> None:
+                 k_max: int, vocab_size: int, hidden: int, dtype: np.dtype, tree: HeadTreeBuffers | None = None) -> None:
         """features: the target engine's (a static head reads the whole features cache [1, 1, M, F] and takes its
-        rows in the graph; a concat head the rows [cached, cached + C) of [1, width, F])."""
+        rows in the graph; a concat head the rows [cached, cached + C) of [1, width, F]); tree: a tree-form head's
+        buffers (None: a chain head)."""
         super().__init__(graph, caches, constants, positions=False)  # the head computes its positions itself
         self.features = features
         self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in caches]  # [1, k_max, V] per slot
         self._token = [np.zeros(1, np.int64) for _ in caches]                     # [1] per slot
         self._hidden = [np.zeros((2, 1, 1, hidden), dtype) for _ in caches]       # [in | out, 1, 1, H] per slot
         self._current = [0] * len(caches)                                          # which half holds hidden_in
+        self.tree = tree
+        self.tree_width = 0 if tree is None else tree.width
 
     def step(self, state: DecodeState, end: int, row: int) -> int:
         slot, ids = state.slot, state.ids
@@ -208,10 +229,41 @@ class OrtHead(_OrtModel):
         }
         outputs = {names.TOKEN: self._token[slot], names.PROBS: self._q[slot][:, row],  # [1], [1, V]
                    names.HIDDEN_OUT: hidden[1 - current], **cache.bind_outputs(c + w)}  # [1, 1, H], present
+        if self.tree is not None:  # a chain through the tree form: own rows at their cache rows, causal
+            inputs.update(self.tree.chain_inputs(slot, start + c, w))
+            outputs.update(self.tree.outputs(slot, 0, w))
         self.graph.run(self._bindings[slot], inputs, outputs)
         cache.advance(c + w)
         self._current[slot] = 1 - current  # this run's output is the next drafted row's input
         return int(self._token[slot][0])
+
+    def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
+        """A token tree's run (engine.TreeDraftEngine): the catch-up (run None) or `run`'s own rows."""
+        tree = self.tree
+        if tree is None:
+            raise tree_refusal("this pack's draft head (exported without --max-tree-nodes)")
+        slot = state.slot
+        cache = self.caches[slot]
+        start = cache.length
+        index = tree.next_run(slot, run)
+        if run is None:  # the catch-up: rows t = start .. length - 2 from target features, no own row
+            c, w = state.length - 1 - start, 0
+            own = {**tree.chain_inputs(slot, start + c, 0), names.DRAFT_IDS: state.ids[None, :0],  # [1, 0]
+                   names.HIDDEN_IN: tree.hidden_in[slot][:, :0]}                                  # [1, 0, H]
+        else:
+            c, w = 0, len(run.tokens)
+            own = tree.own_inputs(slot, run, start)
+        inputs = {
+            names.INPUT_IDS: state.ids[None, start + 1 : start + 1 + c],                        # [1, C]
+            names.FEATURES: self.features[slot],                                                 # [1, 1, M, F]
+            names.UNIFORM: state.uniforms.draft[:1],                                             # [1] (unread)
+            **own, **state.sampling_inputs, **cache.bind_inputs(c + w),
+        }
+        outputs = {names.TOKEN: self._token[slot], names.PROBS: self._q[slot][:, 0],
+                   names.HIDDEN_OUT: self._hidden[slot][0], **tree.outputs(slot, index, w), **cache.bind_outputs(c + w)}
+        self.graph.run(self._bindings[slot], inputs, outputs)
+        cache.advance(c + w)
+        return tree.top_rows(slot, index, w, start if w else start + c - 1)
 
     def q(self, state: DecodeState, k: int) -> np.ndarray:
         return self._q[state.slot][:, :k]  # [1, k, V]
@@ -258,8 +310,10 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
                 StaticKVCache(1, head.kv_heads, head.head_dim, m.max_len, dtype) if head.graph.kv_cache == "static"
                 else ConcatKVCache(1, head.kv_heads, head.head_dim, m.max_len + m.k_max + 1, dtype)
                 for _ in range(self.options.slots)]
+            tree = None if not head.tree_width or m.target.graph.tree is None else HeadTreeBuffers(
+                self.options.slots, head.tree_width, m.target.graph.tree.max_nodes + 1, m.max_len, head.hidden, dtype)
             return OrtHead(self._graph(head), caches, self.constants, self.features, m.k_max, m.vocab_size, head.hidden,
-                           numpy_dtype(head.dtype))
+                           dtype, tree)
         return OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max, m.vocab_size,
                         _feeds_positions(m.draft))
 

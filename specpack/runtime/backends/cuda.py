@@ -391,8 +391,10 @@ class DeviceTarget(_DeviceModel):
         binding = self._compact_bindings.get((i, nodes))
         if binding is None:
             cache_inputs, cache_outputs = self.slots[i].cache.bound()
+            features = {names.PAST_TARGET_FEATURES: self.features[i].view()} if self.features else {}
             binding = self._compact_bindings[(i, nodes)] = session.session.io_binding()
-            bind(binding, self.device, {**cache_inputs, names.PATH: self._path[i].view((1, nodes + 1))}, cache_outputs,
+            bind(binding, self.device, {**cache_inputs, **features, names.PATH: self._path[i].view((1, nodes + 1))},
+                 {**cache_outputs, **({names.TARGET_FEATURES: self.features[i].view()} if self.features else {})},
                  session.input_names)
         session.run(binding, (i, nodes))
 

@@ -22,7 +22,8 @@ from specpack.contract.manifest import HeadEntry
 from specpack.limits import numpy_dtype
 from specpack.runtime.backends.cuda import SlotBase, SlotSessions
 from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView, bind
-from specpack.runtime.engine import head_rows
+from specpack.runtime.engine import HeadTreeRun, TopRows, head_rows, tree_refusal
+from specpack.runtime.head_tree_rows import HeadTreeBuffers
 from specpack.runtime.state import DecodeState
 
 if TYPE_CHECKING:
@@ -41,6 +42,22 @@ class _HeadSlot(SlotBase):
     long_ids: DeviceArray                                       # [1, max_len] int64: a catch-up past k_max + 1 rows
     ids: dict[int, DeviceArray] = field(default_factory=dict)   # C -> input_ids [1, C] (C <= k_max + 1)
     current: int = 0                                            # the half of `hidden` that holds hidden_in
+    tree: _TreeSlot | None = None                               # a tree-form head's buffers
+
+
+@dataclass(kw_only=True)
+class _TreeSlot:
+    """A tree-form head's device buffers of one slot (the host side: head_tree_rows.HeadTreeBuffers)."""
+
+    position: DeviceArray       # [1, 1] int64: a chain's own row's position (its cache row)
+    all_rows: DeviceArray       # [1, 1, M] bool, all true: a chain's own row's mask
+    ids: DeviceArray            # [1, K] int64: a tree run's own rows' tokens
+    hidden_in: DeviceArray      # [1, K, H]
+    positions: DeviceArray      # [1, K] int64
+    mask: DeviceArray           # [1, K, M] bool
+    tokens: DeviceArray         # [1, K + 1, K] int64: a run's top-K (read back after a tree run)
+    logprobs: DeviceArray       # [1, K + 1, K] fp32
+    hidden: DeviceArray         # [1, K + 1, H]
 
 
 class DeviceHead(SlotSessions[_HeadSlot]):
@@ -59,6 +76,15 @@ class DeviceHead(SlotSessions[_HeadSlot]):
         dtype = numpy_dtype(head.dtype)
         self.slots = [self._slot(m.max_len, m.k_max, dtype) for _ in range(backend.options.slots)]
         self._long_host = np.zeros((1, m.max_len), np.int64)  # [1, max_len]: staged whole (update_inplace)
+        tree = m.target.graph.tree
+        self.tree_width = head.tree_width if tree is not None else 0  # K; 0: chains only
+        self.tree: HeadTreeBuffers | None = None  # the host side of tree runs
+        if self.tree_width:
+            self.tree = HeadTreeBuffers(len(self.slots), self.tree_width, tree.max_nodes + 1 if tree else 1,
+                                        m.max_len, head.hidden, dtype)
+            for slot in self.slots:
+                slot.tree = self._tree_slot(m.max_len, dtype)
+            self._tree_ids = np.zeros((1, self.tree_width), np.int64)  # [1, K] staged whole
 
     def _slot(self, max_len: int, k_max: int, dtype: np.dtype) -> _HeadSlot:
         h, device = self.entry, self.device
@@ -69,6 +95,18 @@ class DeviceHead(SlotSessions[_HeadSlot]):
                          draft_id=DeviceArray((1, 1), np.int64, device),
                          long_ids=DeviceArray((1, max_len), np.int64, device))
 
+    def _tree_slot(self, max_len: int, dtype: np.dtype) -> _TreeSlot:
+        k, h, device = self.tree_width, self.hidden, self.device
+        all_rows = DeviceArray((1, 1, max_len), np.bool_, device)
+        all_rows.write(np.ones((1, 1, max_len), np.bool_))
+        return _TreeSlot(position=DeviceArray((1, 1), np.int64, device), all_rows=all_rows,
+                         ids=DeviceArray((1, k), np.int64, device), hidden_in=DeviceArray((1, k, h), dtype, device),
+                         positions=DeviceArray((1, k), np.int64, device),
+                         mask=DeviceArray((1, k, max_len), np.bool_, device),
+                         tokens=DeviceArray((1, k + 1, k), np.int64, device),
+                         logprobs=DeviceArray((1, k + 1, k), np.float32, device),
+                         hidden=DeviceArray((1, k + 1, h), dtype, device))
+
     def step(self, state: DecodeState, end: int, row: int) -> int:
         slot = self.slots[state.slot]
         cache, current = slot.cache, slot.current
@@ -78,6 +116,8 @@ class DeviceHead(SlotSessions[_HeadSlot]):
         ids = self._upload_ids(slot, state.ids[None, start + 1 : start + 1 + c])  # [1, C]
         if w:
             slot.draft_id.write(state.ids[None, end - 1 : end])  # [1, 1]
+            if slot.tree is not None:  # the tree form: a chain's own row sits at its cache row
+                slot.tree.position.write(np.array([[start + c]], np.int64))
         if not slot.greedy:
             slot.uniform.write(state.uniforms.draft[row : row + 1])
         session = self.session(slot.greedy)
@@ -107,7 +147,58 @@ class DeviceHead(SlotSessions[_HeadSlot]):
         outputs = {names.TOKEN: slot.token.view(), names.HIDDEN_OUT: slot.hidden.view((1, 1, h), h - half),
                    names.PROBS: slot.q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab),  # [1, V]
                    **slot.cache.bind_outputs(rows)}
+        tree = slot.tree
+        if tree is not None:  # the tree form, run as a chain: positions and mask of the own row, every output bound
+            inputs |= {names.DRAFT_POSITIONS: tree.position.view((1, w)),
+                       names.DRAFT_MASK: tree.all_rows.view((1, w, tree.all_rows.shape[2]))}
+            outputs |= self._tree_outputs(tree, w)
         return inputs, outputs
+
+    def _tree_outputs(self, tree: _TreeSlot, w: int) -> dict[str, DeviceView]:
+        k, h = self.tree_width, self.hidden
+        return {names.TREE_TOKENS: tree.tokens.view((1, w + 1, k)), names.TREE_LOGPROBS: tree.logprobs.view((1, w + 1, k)),
+                names.TREE_HIDDEN: tree.hidden.view((1, w + 1, h))}
+
+    def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
+        """A token tree's run (engine.TreeDraftEngine): the catch-up (run None) or `run`'s own rows. Uncaptured: the
+        inputs are built on the host (head_tree_rows.HeadTreeBuffers) and uploaded, the top-K and the rows' outputs
+        read back (a later run's hidden_in is gathered on the host: docs/heads.md, "What remains")."""
+        host, slot = self.tree, self.slots[state.slot]
+        tree = slot.tree
+        if host is None or tree is None:
+            raise tree_refusal("this pack's draft head (exported without --max-tree-nodes)")
+        i, cache = state.slot, slot.cache
+        start = cache.length
+        index = host.next_run(i, run)
+        if run is None:  # the catch-up: rows from target features, no own row
+            c, w = state.length - 1 - start, 0
+        else:
+            c, w = 0, len(run.tokens)
+            host.own_inputs(i, run, start)  # fills the host buffers, uploaded whole (the first W rows are bound)
+            self._tree_ids[0, :w] = run.tokens
+            tree.ids.write(self._tree_ids)
+            tree.hidden_in.write(host.hidden_in[i])
+            tree.positions.write(host.positions[i])
+            tree.mask.write(host.mask[i])
+        kv_inputs = cache.bind_inputs(c + w)
+        ids = self._upload_ids(slot, state.ids[None, start + 1 : start + 1 + c])  # [1, C]
+        h, m = self.hidden, host.max_len
+        inputs = {names.INPUT_IDS: ids, names.FEATURES: self.features[i].view(),
+                  names.DRAFT_IDS: tree.ids.view((1, w)), names.HIDDEN_IN: tree.hidden_in.view((1, w, h)),
+                  names.DRAFT_POSITIONS: tree.positions.view((1, w)), names.DRAFT_MASK: tree.mask.view((1, w, m)),
+                  names.UNIFORM: slot.uniform.view(), **kv_inputs, **{n: v.view() for n, v in slot.sampling.items()}}
+        outputs = {names.TOKEN: slot.token.view(), names.HIDDEN_OUT: slot.hidden.view((1, 1, h), h),
+                   names.PROBS: slot.q.view((1, self.vocab)), **self._tree_outputs(tree, w), **cache.bind_outputs(c + w)}
+        session = self.session(slot.greedy)  # the request's form (its drawn token is not read)
+        binding = session.session.io_binding()
+        bind(binding, self.device, inputs, outputs, session.input_names)
+        session.run(binding, None)
+        cache.advance(c + w)
+        r = self.tree_width + 1
+        host.tokens[i][index, : w + 1] = tree.tokens.read()[0, : w + 1]
+        host.logprobs[i][index, : w + 1] = tree.logprobs.read()[0, : w + 1]
+        host.hidden[i][index * r : index * r + w + 1] = tree.hidden.read()[0, : w + 1]
+        return host.top_rows(i, index, w, start if w else start + c - 1)
 
     def _upload_ids(self, slot: _HeadSlot, host: np.ndarray) -> DeviceView:
         """input_ids [1, C] on the device: a staging buffer per C up to k_max + 1 (fixed addresses), else a prefix of
