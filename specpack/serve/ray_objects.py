@@ -71,5 +71,5 @@ def fetch_pack(shipped: ShippedPack, parent: Path | None = None) -> Path:
         raise SpecpackError("the pack's objects cannot be fetched from Ray's object store",
                             expected="the objects put by `specpack serve --ray --pack-delivery object-store` "
                                      "(they live while that process runs)",
-                            found=f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}",
+                            found=f"{type(err).__name__}: {(str(err).splitlines() or [''])[0][:200]}",
                             hint="deploy again from a running `specpack serve --ray`") from None
