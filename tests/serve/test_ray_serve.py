@@ -188,10 +188,25 @@ def test_two_replicas_serve_from_the_object_store(ray_url: str, pack_dir: Path, 
         with specpack.load(tmp_path / "moved") as reference:
             want = reference.generate(PROMPT, N).text
         client = openai.OpenAI(base_url=f"{ray_url}/v1", api_key="unused", max_retries=0, timeout=60)
-        with ThreadPoolExecutor(4) as pool:  # concurrent: both replicas take some
-            texts = list(pool.map(lambda _: client.completions.create(
-                model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0).choices[0].text, range(8)))
-        assert texts == [want] * 8
+
+        def answers(n: int) -> list[str]:
+            with ThreadPoolExecutor(4) as pool:  # concurrent: both replicas take some
+                return list(pool.map(lambda _: client.completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0).choices[0].text, range(n)))
+
+        assert answers(8) == [want] * 8
+        # a replacement copies the pack again (the driver's objects, not its path); the killed one's copy goes
+        before = _alive_replicas()
+        victim = sorted(before)[0]
+        os.kill(before[victim], signal.SIGKILL)
+        killed = time.monotonic()
+        while not (set(_alive_replicas()) - set(before) and _running() == 2):
+            assert time.monotonic() - killed < RECOVERY_S, f"no new replica {RECOVERY_S:g} s after the kill"
+            time.sleep(0.2)
+        pids = list(_alive_replicas().values())
+        assert [c.name.startswith(COPY_PREFIX) for c in _copies(pids)] == [True, True]
+        assert _copies([before[victim]]) == []  # removed by the replacement's copy (pack_copy.remove_orphans)
+        assert answers(4) == [want] * 4
     finally:
         serve.delete(APP)
     assert _copies(pids) == []  # each replica removed its copy as it shut down
