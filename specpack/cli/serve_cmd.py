@@ -15,7 +15,7 @@ from specpack.errors import SpecpackError
 from specpack.limits import parse_k, parse_tree
 from specpack.runtime.backend import BACKENDS
 from specpack.serve.config import ServeConfig
-from specpack.serve.ray_config import RayScaling, parse_autoscale
+from specpack.serve.ray_config import PACK_DELIVERIES, RayScaling, parse_autoscale
 
 D = {f.name: f.default for f in fields(ServeConfig)}  # the defaults live in ServeConfig, once
 R = {f.name: f.default for f in fields(RayScaling)}  # and RayScaling's in RayScaling
@@ -59,13 +59,18 @@ R = {f.name: f.default for f in fields(RayScaling)}  # and RayScaling's in RaySc
               help=f"With --ray: CPUs per replica (Ray's num_cpus) [default: {R['cpus_per_replica']:g}].")
 @click.option("--ray-address", default=None,
               help="With --ray: a running Ray cluster (`ray start --head`'s address, or auto) instead of a local one.")
+@click.option("--pack-delivery", type=click.Choice(PACK_DELIVERIES), default=None,
+              help="With --ray: how replicas get the pack: by its path (every node sees it: shared storage) or "
+                   "through Ray's object store (each replica copies it to a private local directory) "
+                   f"[default: {R['pack_delivery']}].")
 @user_errors
 def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tree_text: str, drafter: str | None,
                   ngram_min: int, ngram_max: int, ngram_width: int, max_queue: int, max_batch: int, timeout_s: float,
                   shutdown_grace_s: float,
                   model_name: str | None, max_body_bytes: int, read_timeout_s: float, max_connections: int,
                   manifest_sha256: str | None, use_ray: bool, replicas: int | None, autoscale: str | None,
-                  gpus_per_replica: float | None, cpus_per_replica: float | None, ray_address: str | None) -> None:
+                  gpus_per_replica: float | None, cpus_per_replica: float | None, ray_address: str | None,
+                  pack_delivery: str | None) -> None:
     """Serve PACK over HTTP: /v1/completions, /v1/chat/completions, /v1/models[/ID], /health, /metrics."""
     config = ServeConfig(pack, host=host, port=port, device=device, k=parse_k(k_text), tree=parse_tree(tree_text),
                          drafter=drafter,
@@ -74,9 +79,9 @@ def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tr
                          max_body_bytes=max_body_bytes, read_timeout_s=read_timeout_s, max_connections=max_connections,
                          manifest_sha256=manifest_sha256)
     ray_options = {"--replicas": replicas, "--autoscale": autoscale, "--gpus-per-replica": gpus_per_replica,
-                   "--cpus-per-replica": cpus_per_replica, "--ray-address": ray_address}
+                   "--cpus-per-replica": cpus_per_replica, "--ray-address": ray_address, "--pack-delivery": pack_delivery}
     if use_ray:
-        _serve_on_ray(config, replicas, autoscale, gpus_per_replica, cpus_per_replica, ray_address)
+        _serve_on_ray(config, replicas, autoscale, gpus_per_replica, cpus_per_replica, ray_address, pack_delivery)
         return
     if given := [name for name, value in ray_options.items() if value is not None]:
         raise SpecpackError(f"{', '.join(given)} without --ray", expected="--ray with them (Ray Serve replicas)",
@@ -90,14 +95,14 @@ def serve_command(pack: Path, host: str, port: int, device: str, k_text: str, tr
 
 
 def _serve_on_ray(config: ServeConfig, replicas: int | None, autoscale: str | None, gpus_per_replica: float | None,
-                  cpus_per_replica: float | None, ray_address: str | None) -> None:
+                  cpus_per_replica: float | None, ray_address: str | None, pack_delivery: str | None) -> None:
     """`--ray`: the options checked first, then ray looked for (exit 2 without it), then serve_on_ray."""
     if replicas is not None and autoscale is not None:
         raise SpecpackError("--replicas and --autoscale together", expected="one of them",
                             found=f"--replicas {replicas} --autoscale {autoscale}",
                             hint="--replicas N for a fixed count, --autoscale MIN..MAX to scale on load")
     given: dict[str, Any] = {"replicas": replicas, "gpus_per_replica": gpus_per_replica,
-                             "cpus_per_replica": cpus_per_replica}
+                             "cpus_per_replica": cpus_per_replica, "pack_delivery": pack_delivery}
     scaling = RayScaling(**{name: value for name, value in given.items() if value is not None},  # else its defaults
                          autoscale=parse_autoscale(autoscale), address=ray_address)
     try:

@@ -4,14 +4,15 @@
                  │ ray_proxy.py's middleware: a request whose replica died ends with an OpenAI error)
                  │ one of N replicas (actors, each a process; on any node of the cluster)
                  ▼
-    PackReplica: __init__   specpack.load(pack, manifest_sha256=PIN) (server.load_pack: every file hashed as read),
-                            one token generated, build_app(pack, config)
+    PackReplica: __init__   (--pack-delivery object-store: the pack copied from Ray's object store into a private
+                            local directory, ray_objects.py) specpack.load(pack or copy, manifest_sha256=PIN)
+                            (server.load_pack: every file hashed as read), one token generated, build_app(pack, config)
                  __serve_build_asgi_app__ -> that app: the same routes, errors, streaming, queue and metrics
                  check_health   the pack generates one token while idle, makes progress while busy (probe.py);
                                 fails while draining
                  shutdown       Ray stops routing to it and waits up to graceful_shutdown_timeout_s (--shutdown-grace)
                                 for in-flight requests; then the app's lifespan closes the decoder (what is left gets a
-                                503, in its stream if one started), and the pack is closed
+                                503, in its stream if one started), and the pack is closed (its copy removed)
 
 Every replica is pinned to one manifest sha256 (the one given, else the driver's reading of the pack at deploy
 time): a replica that finds another pack, or a file that does not match it, refuses to start.
@@ -31,13 +32,16 @@ from specpack.contract.manifest import manifest_sha256
 from specpack.errors import SpecpackError
 from specpack.serve.app import build_app
 from specpack.serve.config import ServeConfig
+from specpack.serve.pack_copy import remove_copy
 from specpack.serve.probe import PROBE_EVERY_S, check_pack, generate_one_token
 from specpack.serve.ray_config import RayScaling, parse_autoscale
+from specpack.serve.ray_objects import ShippedPack, fetch_pack
 from specpack.serve.server import load_pack
 
 if TYPE_CHECKING:
     from ray.serve import Application, Deployment
     from starlette.applications import Starlette
+
 
 DEPLOYMENT_NAME = "specpack"
 
@@ -45,18 +49,21 @@ DEPLOYMENT_NAME = "specpack"
 @serve.deployment(name=DEPLOYMENT_NAME)
 @serve.ingress()  # late-bound: the app comes from __serve_build_asgi_app__, once the pack is loaded
 class PackReplica:
-    def __init__(self, config: ServeConfig) -> None:
+    def __init__(self, config: ServeConfig, shipped: ShippedPack | None = None) -> None:
+        """shipped (--pack-delivery object-store): the pack is copied from Ray's object store into a private local
+        directory first, and loaded from there with the same pin."""
         if config.manifest_sha256 is None:  # application() pins it; a replica never loads whatever it finds
             raise SpecpackError("a Ray Serve replica needs a pinned pack", expected="ServeConfig.manifest_sha256 set",
                                 found="None", hint="build the deployment with specpack.serve.ray_app.application()")
         self.config = config
-        self.pack = load_pack(config)
+        self.copy = fetch_pack(shipped) if shipped is not None else None
         try:
+            self.pack = load_pack(config if self.copy is None else dataclasses.replace(config, pack=self.copy))
             generate_one_token(self.pack)  # before any traffic: a pack that cannot generate never takes requests
             self.probed_at = time.monotonic()
             self.api_app = build_app(self.pack, config)  # not `app`: the wrapper's property
         except BaseException:
-            self.pack.close()
+            self._close()
             raise
 
     def __serve_build_asgi_app__(self) -> Starlette:
@@ -71,9 +78,15 @@ class PackReplica:
 
     def __del__(self) -> None:
         """Called by Ray after the app's lifespan shutdown (the decoder closed, its worker joined)."""
-        pack = getattr(self, "pack", None)
+        self._close()
+
+    def _close(self) -> None:
+        """The pack closed, then its private copy removed (object-store delivery); harmless twice."""
+        pack, copy = getattr(self, "pack", None), getattr(self, "copy", None)
         if pack is not None:
             pack.close()
+        if copy is not None:
+            remove_copy(copy)
 
 
 def pinned(config: ServeConfig) -> ServeConfig:
@@ -84,16 +97,22 @@ def pinned(config: ServeConfig) -> ServeConfig:
     return dataclasses.replace(config, pack=pack, manifest_sha256=pin, model_name=config.served_name)
 
 
-def application(config: ServeConfig, scaling: RayScaling) -> Application:
+def application(config: ServeConfig, scaling: RayScaling, shipped: ShippedPack | None = None) -> Application:
     """The Ray Serve application of one pack: serve.run(application(...)), or `serve run` through from_args.
+    shipped (put_pack's, for --pack-delivery object-store): each replica copies the pack from Ray's object store
+    instead of reading config.pack; its pin must be the config's.
 
     Each replica's sessions get as many intra-op threads as the replica has CPUs (unless config.threads says): Ray
     does not pin an actor to its CPUs, so by default every replica would spin a thread on every core of the node."""
     options = scaling.deployment_options(config.max_batch, config.max_queue, config.shutdown_grace_s)
     if config.threads is None:
         config = dataclasses.replace(config, threads=max(1, int(scaling.cpus_per_replica)))
+    config = pinned(config)
+    if shipped is not None and shipped.pin != config.manifest_sha256:
+        raise SpecpackError("the shipped pack is not the pinned one", expected=f"manifest sha256 {config.manifest_sha256}",
+                            found=f"objects of manifest sha256 {shipped.pin}", hint="put_pack the pinned pack")
     deployment = cast("Deployment", PackReplica)  # @serve.deployment made the class a Deployment
-    return deployment.options(**options).bind(pinned(config))
+    return deployment.options(**options).bind(config, shipped)
 
 
 # `serve run` / `serve deploy` arguments (docs/ray_serve.md): ServeConfig's fields of these types, and RayScaling's

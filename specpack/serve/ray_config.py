@@ -17,6 +17,8 @@ AUTOSCALE = re.compile(r"^(\d+)\.\.(\d+)$")
 # start a replacement sooner; an idle replica generates its probe token at most every probe.PROBE_EVERY_S
 HEALTH_CHECK_PERIOD_S = 2.0
 HEALTH_CHECK_TIMEOUT_S = 30.0  # above probe.PROBE_TIMEOUT_S
+# how replicas get the pack (docs/ray_serve.md): its path, seen by every node; or the driver's copy in Ray's object store
+PACK_DELIVERIES = ("path", "object-store")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,7 @@ class RayScaling:
     address: str | None = None            # a running cluster (`ray start --head`'s address, or "auto"); None: a local one
     upscale_delay_s: float | None = None  # with autoscale: load above target this long adds a replica (None: Ray's 30 s)
     downscale_delay_s: float | None = None  # ... below target this long removes one (None: Ray's 600 s)
+    pack_delivery: str = "path"           # one of PACK_DELIVERIES
 
     def __post_init__(self) -> None:
         if not 1 <= self.replicas <= MAX_REPLICAS:
@@ -45,6 +48,9 @@ class RayScaling:
             value = getattr(self, name)
             if value is not None and not value >= 0:
                 raise SpecpackError(f"invalid {name}", expected="a number of seconds >= 0", found=str(value))
+        if self.pack_delivery not in PACK_DELIVERIES:
+            raise SpecpackError("invalid --pack-delivery", expected=" | ".join(PACK_DELIVERIES),
+                                found=repr(self.pack_delivery))
 
     def deployment_options(self, max_batch: int, max_queue: int, shutdown_grace_s: float) -> dict[str, Any]:
         """Ray Serve's deployment options: replicas or autoscaling, the actor's resources, the graceful drain.

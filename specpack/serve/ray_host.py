@@ -2,6 +2,8 @@
 
     check the address (a port in use: exit 2 before Ray starts) -> pin the pack (its manifest's sha256, read now)
     -> ray.init (a local cluster, its proxies with ray_proxy's middleware; or --ray-address)
+    -> --pack-delivery object-store: the pack put into Ray's object store, verified against the pin as read
+       (ray_objects.py; a file that does not match: exit 2 before any replica starts)
     -> serve.start (the HTTP proxy on --host:--port)
     -> serve.run (returns once every replica loaded the pack and generated a token; a replica that refuses the pack
        fails the deployment) -> the listening line -> wait for a signal
@@ -17,7 +19,7 @@ import signal
 import sys
 import threading
 from types import FrameType
-from typing import Any
+from typing import Any, cast
 
 from specpack.errors import SpecpackError
 from specpack.serve.config import ServeConfig
@@ -33,16 +35,22 @@ def serve_on_ray(config: ServeConfig, scaling: RayScaling) -> None:
     import ray
     from ray import serve
 
-    from specpack.serve.ray_app import application
+    from specpack.serve.ray_app import application, pinned
+    from specpack.serve.ray_objects import put_pack
 
     if config.port == 0:
         raise SpecpackError("--ray needs a fixed --port", expected="a port in 1..65535 (Ray Serve's proxy binds it)",
                             found="0")
     bind_socket(config.host, config.port).close()  # in use, or a bad host: refused now, with a message
-    app = application(config, scaling)  # reads the manifest: a missing or unreadable pack is refused here
+    config = pinned(config)  # reads the manifest: a missing or unreadable pack is refused here
     init_ray(scaling.address, include_dashboard=False)
     stop = _stop_on_signals()
     try:
+        shipped = None
+        if scaling.pack_delivery == "object-store":  # owned by this process: the objects live while it runs
+            shipped = put_pack(config.pack, cast(str, config.manifest_sha256))
+            print(f"specpack: the pack is in Ray's object store: {shipped.describe()}", file=sys.stderr, flush=True)
+        app = application(config, scaling, shipped)
         serve.start(http_options={"host": config.host, "port": config.port})
         try:
             serve.run(app, name=APP_NAME, route_prefix="/")

@@ -29,6 +29,15 @@ def test_ray_options_without_ray_exit_2() -> None:
     assert code == 2 and "--replicas, --gpus-per-replica without --ray" in out and "hint:" in out, out
 
 
+def test_pack_delivery_is_a_ray_option_of_two_values() -> None:
+    code, out = _serve("--pack-delivery", "object-store")
+    assert code == 2 and "--pack-delivery without --ray" in out, out
+    code, out = _serve("--ray", "--pack-delivery", "auto")
+    assert code == 2 and "'path', 'object-store'" in out, out
+    with pytest.raises(SpecpackError, match="invalid --pack-delivery"):
+        RayScaling(pack_delivery="s3")
+
+
 def test_replicas_and_autoscale_together_exit_2() -> None:
     code, out = _serve("--ray", "--replicas", "2", "--autoscale", "1..4")
     assert code == 2 and "--replicas and --autoscale together" in out, out

@@ -31,7 +31,8 @@ def test_the_example_builds_the_app(tiny_pack: Callable[..., tuple[Path, Path, P
     deployment = app._bound_deployment
     assert deployment._deployment_config.autoscaling_config.max_replicas == 4
     assert deployment.ray_actor_options["num_cpus"] == 2
-    (served,) = app._bound_deployment.init_args
+    served, shipped = app._bound_deployment.init_args
+    assert shipped is None  # a config file's pack is read by path (no pack_delivery: docs/ray_serve.md)
     assert served.pack == pack.resolve() and served.manifest_sha256 == manifest_sha256(pack)
     assert served.threads == 2  # cpus_per_replica: a replica's sessions spin no more threads than it has CPUs
 

@@ -10,15 +10,17 @@ ray[serve] (`pip install -e '.[ray]'`).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +32,16 @@ from serve_harness import metric
 
 import specpack
 from specpack.contract.manifest import manifest_sha256
+from specpack.errors import SpecpackError
 from specpack.serve.config import ServeConfig
+from specpack.serve.pack_copy import COPY_NAME, COPY_PREFIX
 from specpack.serve.ray_config import RayScaling
 
 ray = pytest.importorskip("ray", reason="ray[serve] is not installed (the `ray` extra: pip install -e '.[ray]')")
 serve = pytest.importorskip("ray.serve", reason="ray is installed without its serve extra")
 from specpack.serve.ray_app import DEPLOYMENT_NAME, application, from_args  # noqa: E402  (imports ray)
 from specpack.serve.ray_host import init_ray  # noqa: E402
+from specpack.serve.ray_objects import put_pack  # noqa: E402
 
 MODEL = "tiny"
 APP = "specpack"
@@ -140,6 +145,91 @@ def test_a_tampered_pack_is_refused_by_every_replica(ray_url: str, pack_dir: Pat
     states: dict[str, Any] = _replica_states()
     assert not any("RUNNING" in state for state in states), states  # no replica serves the tampered pack
     assert time.monotonic() - start < 60
+    serve.delete(APP)
+
+
+# -- the pack through Ray's object store (--pack-delivery object-store) -------------------------------------------
+
+
+def _copies(pids: Collection[int] | None = None) -> list[Path]:
+    """The replicas' private copies of the pack (pack_copy.materialize: the node's temporary directory, by pid; whole
+    or partial), of these processes (None: of any)."""
+    return sorted(p for p in Path(tempfile.gettempdir()).iterdir()
+                  if (m := COPY_NAME.match(p.name)) and (pids is None or int(m.group(1)) in pids))
+
+
+def test_a_pack_that_does_not_match_its_pin_is_not_put(ray_url: str, pack_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(SpecpackError, match="not the manifest this pack was pinned to"):
+        put_pack(_tampered_copy(pack_dir, tmp_path), manifest_sha256(pack_dir))
+    with pytest.raises(SpecpackError, match="the shipped pack is not the pinned one"):
+        other = tmp_path / "other"
+        shutil.copytree(tmp_path / "pack", other)
+        application(ServeConfig(pack_dir, manifest_sha256=manifest_sha256(pack_dir)), RayScaling(),
+                    put_pack(other, manifest_sha256(other)))
+
+
+@pytest.mark.slow
+def test_two_replicas_serve_from_the_object_store(ray_url: str, pack_dir: Path, tmp_path: Path) -> None:
+    driver_pack = tmp_path / "pack"
+    shutil.copytree(pack_dir, driver_pack)
+    pin = manifest_sha256(driver_pack)
+    shipped = put_pack(driver_pack, pin)
+    assert shipped.files[0].path == "manifest.json" and shipped.size > 0
+    driver_pack.rename(tmp_path / "moved")  # the replicas have nothing but the objects
+    config = ServeConfig(driver_pack, model_name=MODEL, manifest_sha256=pin, max_queue=8)
+    serve.run(application(config, RayScaling(replicas=2), shipped), name=APP, route_prefix="/")
+    try:
+        pids = list(_alive_replicas().values())
+        assert len(pids) == 2 and _running() == 2
+        copies = _copies(pids)
+        assert [c.name.startswith(COPY_PREFIX) for c in copies] == [True, True], copies  # whole copies, one each
+        assert all((c / "manifest.json").read_bytes() == (tmp_path / "moved" / "manifest.json").read_bytes()
+                   for c in copies)
+        with specpack.load(tmp_path / "moved") as reference:
+            want = reference.generate(PROMPT, N).text
+        client = openai.OpenAI(base_url=f"{ray_url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+        def answers(n: int) -> list[str]:
+            with ThreadPoolExecutor(4) as pool:  # concurrent: both replicas take some
+                return list(pool.map(lambda _: client.completions.create(
+                    model=MODEL, prompt=PROMPT, max_tokens=N, temperature=0).choices[0].text, range(n)))
+
+        assert answers(8) == [want] * 8
+        # a replacement copies the pack again (the driver's objects, not its path); the killed one's copy goes
+        before = _alive_replicas()
+        victim = sorted(before)[0]
+        os.kill(before[victim], signal.SIGKILL)
+        killed = time.monotonic()
+        while not (set(_alive_replicas()) - set(before) and _running() == 2):
+            assert time.monotonic() - killed < RECOVERY_S, f"no new replica {RECOVERY_S:g} s after the kill"
+            time.sleep(0.2)
+        pids = list(_alive_replicas().values())
+        assert [c.name.startswith(COPY_PREFIX) for c in _copies(pids)] == [True, True]
+        assert _copies([before[victim]]) == []  # removed by the replacement's copy (pack_copy.remove_orphans)
+        assert answers(4) == [want] * 4
+    finally:
+        serve.delete(APP)
+    assert _copies(pids) == []  # each replica removed its copy as it shut down
+
+
+@pytest.mark.slow
+def test_a_tampered_object_is_refused_by_every_replica(ray_url: str, pack_dir: Path) -> None:
+    pin = manifest_sha256(pack_dir)
+    shipped = put_pack(pack_dir, pin)
+    victim = max(shipped.files, key=lambda f: f.size)  # a graph's bytes, changed in the object store
+    data = bytearray(ray.get(victim.pieces[0]))
+    data[len(data) // 2] ^= 1
+    bad = dataclasses.replace(victim, pieces=(ray.put(bytes(data)), *victim.pieces[1:]))
+    tampered = dataclasses.replace(shipped, files=tuple(bad if f is victim else f for f in shipped.files))
+    before = set(_copies())
+    with pytest.raises(RuntimeError, match="Deploying application specpack failed"):
+        serve.run(application(ServeConfig(pack_dir, model_name=MODEL, manifest_sha256=pin), RayScaling(replicas=2),
+                              tampered), name=APP, route_prefix="/")
+    deployment = serve.status().applications[APP].deployments[DEPLOYMENT_NAME]
+    assert "failed to start" in deployment.message, deployment.message  # every start Ray tried was refused
+    assert f"pack file {victim.path} does not match the pinned manifest" in deployment.message, deployment.message
+    assert not any("RUNNING" in state for state in _replica_states()), _replica_states()
+    assert set(_copies()) <= before  # every refused replica removed its copy
     serve.delete(APP)
 
 
