@@ -18,7 +18,6 @@ from specpack.export.config import ExportConfig
 
 @pytest.mark.parametrize(("options", "found"), [
     ({"kv_cache": "concat"}, "--kv-cache concat"),
-    ({"graphs": "builder"}, "--graphs builder"),
     ({"kv_cache": "static", "form": "tensorrt"}, "--form tensorrt"),
 ])
 def test_tree_refused_for_other_forms(options: dict[str, str], found: str) -> None:
