@@ -52,18 +52,20 @@ def tree_form(plain: Path, out: Path, mutate: Callable[[onnx.NodeProto], None] |
 
 
 class Runner:
-    """One graph on the CPU EP over the static cache: run(ids, L, cache, parents) -> (logits [S, V], new cache)."""
+    """One graph over the static cache (host buffers; the CPU EP unless `provider` says): run(ids, L, cache, parents)
+    -> (logits [S, V] fp32, new cache). `dtype`: the graph's io dtype."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, provider: str = "CPUExecutionProvider", dtype: type = np.float32) -> None:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(str(path), options, providers=[provider, "CPUExecutionProvider"])
         self.past = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+        self.dtype = dtype
 
     def empty(self) -> Cache:
-        return {i.name: np.zeros((1, i.shape[1], MAX_LEN, HEAD_DIM), np.float32) for i in self.past}
+        return {i.name: np.zeros((1, i.shape[1], MAX_LEN, HEAD_DIM), self.dtype) for i in self.past}
 
     def run(self, ids: list[int], start: int, cache: Cache, parents: list[int] | None = None
             ) -> tuple[np.ndarray, Cache]:
@@ -74,7 +76,7 @@ class Runner:
             feeds["parents"] = np.asarray(parents, np.int64).reshape(1, -1)
         names = [o.name for o in self.session.get_outputs()]
         out = dict(zip(names, self.session.run(None, feeds), strict=True))
-        return out["logits"][0], {n: out[n.replace("past_key_values", "present")] for n in cache}
+        return out["logits"][0].astype(np.float32), {n: out[n.replace("past_key_values", "present")] for n in cache}
 
 
 def random_trees(rng: np.random.Generator, vocab: int) -> list[tuple[list[int], list[int]]]:
@@ -93,17 +95,18 @@ def root_path(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
-def worst_tree_row(tree: Runner, plain: Runner, seed: int = 0) -> float:
+def worst_tree_row(tree: Runner, plain: Runner, seed: int = 0, exact_prefill: bool = True) -> float:
     """The largest |logit difference| between a tree row and the plain graph over its root path alone, over the
-    random trees after a prefill (itself checked bit for bit)."""
+    random trees after a prefill (itself checked bit for bit with `exact_prefill`, else counted in)."""
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, 200, 9).tolist()
     want, want_cache = plain.run(prompt, 0, plain.empty())
     got, cache = tree.run(prompt, 0, tree.empty(), [])
-    np.testing.assert_array_equal(got, want)
-    for name in cache:
-        np.testing.assert_array_equal(cache[name], want_cache[name])
-    worst = 0.0
+    worst = float(np.abs(got - want).max())
+    if exact_prefill:
+        np.testing.assert_array_equal(got, want)
+        for name in cache:
+            np.testing.assert_array_equal(cache[name], want_cache[name])
     for before, (tokens, parents) in zip([0, 1, 2] * 3, random_trees(rng, 200), strict=False):
         start = len(prompt) - before  # the last `before` prompt rows are not cached yet, then the root
         lead = [*prompt[start:], int(rng.integers(0, 200))]
