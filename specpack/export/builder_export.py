@@ -7,7 +7,9 @@
 The builder's decoder is our static contract (docs/static_kv_cache.md) without position_ids: its
 GroupQueryAttention takes the positions from the static mask (`seqlens_k = ReduceSum(attention_mask) - 1`,
 `total_sequence_length = attention_mask.shape[1]` = max_len) and applies the rotary itself. The manifest
-records that as `positions: "internal"`; the runtime then feeds no position_ids.
+records that as `positions: "internal"`; the runtime then feeds no position_ids. With --max-tree-nodes the target's
+graph is rewritten into the tree form (builder_tree.py: `parents` in, every GroupQueryAttention fed the tree's
+position_ids and attention_bias, positions still internal).
 
 What it builds, and what is refused before anything is built (`check_builder_config`, `check_builder_model`):
 
