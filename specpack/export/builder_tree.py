@@ -82,9 +82,9 @@ def tree_inputs(b: GraphBuilder, max_nodes: int, dtype: int) -> tuple[Value, Val
     nodes = b.op("Add", depths(b, anc), b.shape_value(b.op("Sub", before, one)))  # [T]
     positions = b.op("Unsqueeze", b.op("Add", b.op("Concat", rows, nodes, axis=0), start), zero)  # [1, S]
     # the bias: node a[c] of each cache row c (T: not a node), ext[:, a]
-    first = b.op("Sub", end, b.shape_value(count))  # [1] the first node's cache row
+    total = b.shape_value(count)  # [1] T (device)
+    first = b.op("Sub", end, total)  # [1] the first node's cache row
     node = b.op("Sub", _range(b, max_len), first)  # [M]
-    total = b.shape_value(count)  # [1] T
     inside = b.op("And", b.op("GreaterOrEqual", node, b.const(0)), b.op("Less", node, total))
     node = b.op("Where", inside, node, total)  # [M]
     ones = onnx.numpy_helper.from_array(np.ones(1, np.float32))

@@ -106,3 +106,27 @@ def test_sampled_tokens_equal_the_cpu_backend(packs: tuple[Pack, Pack]) -> None:
     for tree in ("auto", 8, "off"):
         out, ref = (p.generate(prompt, 24, drafter="ngram", tree=tree, **sampled) for p in (dev, cpu))
         assert out.tokens == ref.tokens and out.stats["k_histogram"] == ref.stats["k_histogram"], tree
+
+
+def test_an_int4_builder_tree_pack_gives_its_own_greedy_tokens(tiny_export: Callable[..., Path]) -> None:
+    """The builder's int4 target (its quantizer, MatMulNBits at accuracy level 1) in the tree form, n-gram drafter:
+    trees and chains give the target's own k = 0 tokens on both backends."""
+    pack_dir = tiny_export("qwen2", None, {"head_dim": HEAD_DIM}, k=4, max_len=64, graphs="builder", drafter="ngram",
+                           quantize_target="int4", max_tree_nodes=8)
+    cpu = specpack.load(pack_dir, threads=1, ngram=NgramConfig(1, 3, width=4))
+    dev = device_pack(pack_dir)
+    dev = Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=NgramConfig(1, 3, width=4))
+    try:
+        assert cpu.manifest.target.quantization is not None and cpu.manifest.target.graph.tree is not None
+        proposed = 0
+        for prompt in (PROMPT, cpu.encode(REPEATED)[:30]):
+            want = cpu.generate(prompt, 24, k=0).tokens
+            for pack in (cpu, dev):
+                for tree in ("auto", "off", 2, 8):
+                    out = pack.generate(prompt, 24, tree=tree)
+                    assert out.tokens == want, (prompt, tree)
+                    proposed += out.stats["proposed"]
+        assert proposed > 0
+    finally:
+        cpu.close()
+        dev.close()
