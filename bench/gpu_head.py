@@ -20,8 +20,8 @@ keep    the trained head's files split into KEEP_CHUNK pieces under WORK/keep (w
         `cat head.safetensors.* > head.safetensors` and check the sha256 in keep.json
 trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, --tree-graphs, static, fp16): prompt
         lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR
-headtrees  a tree pack of the trained head (--draft-head, same form): the head's chains (k 2, adaptive) and EAGLE-2
-        trees (auto, 8, 16 nodes) on the 8 prompts, with its own AR
+headtrees  a tree pack of the trained head (--draft-head; torch graphs with gqa attention: the builder's tree form
+        has no features cache): the head's chains (k 2, adaptive) and EAGLE-2 trees (auto, 8, 16 nodes) on the 8 prompts
 Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
 """
 
@@ -187,10 +187,10 @@ def _rate(part: list[dict[str, Any]], label: str) -> float:
     return tokens / sum(r[label]["stats"]["decode_s"] for r in part)
 
 
-def tree_export_command(args: argparse.Namespace, drafter: list[str], out: Path) -> list[str]:
-    """spec-export of a tree pack (TREE_NODES nodes, static, fp16) on --tree-graphs: the builder's graphs, or torch's
+def tree_export_command(args: argparse.Namespace, drafter: list[str], out: Path, graphs_name: str) -> list[str]:
+    """spec-export of a tree pack (TREE_NODES nodes, static, fp16) on `graphs_name`: the builder's graphs, or torch's
     with GroupQueryAttention taking the tree mask as attention_bias."""
-    graphs = ["--graphs", "builder", "--ep", "cuda"] if args.tree_graphs == "builder" else ["--attention", "gqa"]
+    graphs = ["--graphs", "builder", "--ep", "cuda"] if graphs_name == "builder" else ["--attention", "gqa"]
     return [sys.executable, "-m", "specpack", "export", "--target", args.target_gguf, *drafter, "-o", str(out),
             "--kv-cache", "static", *graphs, "--dtype", "fp16", "--k", "8", "--max-len", str(MAX_LEN),
             "--max-tree-nodes", str(TREE_NODES), "--dequantize", "--overwrite"]
@@ -200,7 +200,7 @@ def start_tree_export(args: argparse.Namespace) -> subprocess.Popen[bytes]:
     """The prompt-lookup tree pack's export, started in the background (log: WORK/tree-export.log)."""
     work = Path(args.work)
     log_file = (work / "tree-export.log").open("wb")
-    return subprocess.Popen(tree_export_command(args, ["--drafter", "ngram"], work / "pack-tree"),
+    return subprocess.Popen(tree_export_command(args, ["--drafter", "ngram"], work / "pack-tree", args.tree_graphs),
                             stdout=log_file, stderr=subprocess.STDOUT)
 
 
@@ -213,7 +213,7 @@ def phase_trees(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if code:
         tail = (Path(args.work) / "tree-export.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"tree export exit {code}: {tail}")
-    result["trees"] = tree_runs(args, Path(args.work) / "pack-tree", "ngram", TREE_RUNS)
+    result["trees"] = tree_runs(args, Path(args.work) / "pack-tree", "ngram", TREE_RUNS, args.tree_graphs)
 
 
 def phase_headtrees(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -221,13 +221,14 @@ def phase_headtrees(args: argparse.Namespace, result: dict[str, Any]) -> None:
     of the head (exported here, after training)."""
     work = Path(args.work)
     t0 = time.perf_counter()
-    subprocess.run(tree_export_command(args, ["--draft-head", str(work / "head")], work / "pack-head-tree"), check=True)
+    command = tree_export_command(args, ["--draft-head", str(work / "head")], work / "pack-head-tree", "torch")
+    subprocess.run(command, check=True)  # a head's tree pack: torch graphs only (docs/trees.md)
     result["headtrees"] = {"export_s": time.perf_counter() - t0,
-                           **tree_runs(args, work / "pack-head-tree", "head", HEAD_TREE_RUNS)}
+                           **tree_runs(args, work / "pack-head-tree", "head", HEAD_TREE_RUNS, "torch")}
 
 
-def tree_runs(args: argparse.Namespace, pack_dir: Path, drafter: str, runs: list[tuple[str, int | None, int | str]]
-              ) -> dict[str, Any]:
+def tree_runs(args: argparse.Namespace, pack_dir: Path, drafter: str, runs: list[tuple[str, int | None, int | str]],
+              graphs: str) -> dict[str, Any]:
     """Each run (label, k, tree) of `drafter` on the 8 prompts, back to back per prompt, 128 tokens, greedy; the first
     is AR (k 0). Returns rows, a summary (tokens/s, speedup over the first, tau, identical) and the capture report."""
     import specpack as sp
@@ -254,7 +255,7 @@ def tree_runs(args: argparse.Namespace, pack_dir: Path, drafter: str, runs: list
     log(json.dumps(summary, indent=1))
     capture = getattr(pack.backend, "capture_report", dict)()
     pack.close()
-    return {"nodes": TREE_NODES, "graphs": args.tree_graphs, "rows": rows, "summary": summary, "capture": capture}
+    return {"nodes": TREE_NODES, "graphs": graphs, "rows": rows, "summary": summary, "capture": capture}
 
 
 def summarize(rows: list[dict[str, Any]], costs: dict[str, Any], runs: list[tuple[str, str, int | None]]

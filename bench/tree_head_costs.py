@@ -1,11 +1,12 @@
 """What a tree verify and a draft head step cost on a device, at a real model's shape (random weights: time depends on
 the shapes, not on the values), through the graphs spec-export writes (docs/trees.md, docs/heads.md).
 
-    python bench/tree_head_costs.py --work DIR --json OUT [--shape 1.5b] [--device cuda] [--reps 30]
+    python bench/tree_head_costs.py --work DIR --json OUT [--shape 1.5b] [--device cuda] [--reps 30] [--graphs builder]
 
   1. a random Qwen2 model at --shape (fp16 on cuda, fp32 on cpu), saved once under --work
   2. its verify graphs: the chain form (spec-export's default head) and the tree form (--max-tree-nodes 64), static
-     cache, GroupQueryAttention; a draft head (specpack/heads/model.py, one layer, the 32,768-token subset) exported
+     cache, GroupQueryAttention (--graphs builder: the model builder's graphs, export/builder_tree.py's tree form; no
+     head then); a draft head (specpack/heads/model.py, one layer, the 32,768-token subset) exported
      as head_step.onnx
   3. medians of bare runs (every buffer on the device, bound once; the greedy form captured as a CUDA graph where the
      EP allows), after CONTEXT tokens of cache: the chain verify over k drafts (k + 1 rows), the tree verify over T
@@ -59,17 +60,24 @@ def make_model(shape: str, out: Path, dtype: str, device: str) -> Any:
     return config
 
 
-def export_verify(model_dir: Path, work: Path, dtype: str, tree: int) -> Path:
+def export_verify(model_dir: Path, work: Path, dtype: str, tree: int, graphs: str = "torch") -> Path:
     from specpack.export.graph_form import GraphForm
     from specpack.export.torch_export import export_plain_graph
     from specpack.graphs.attach import build_tree_verify_graph, build_verify_graph
 
-    out = work / ("verify_tree.onnx" if tree else "verify_chain.onnx")
+    label = f"{'tree' if tree else 'chain'}{'_builder' if graphs == 'builder' else ''}"
+    out = work / f"verify_{label}.onnx"
     if out.exists():
         return out
-    plain = work / f"plain_{'tree' if tree else 'chain'}.onnx"
+    plain = work / f"plain_{label}.onnx"
     t0 = time.perf_counter()
-    export_plain_graph(model_dir, plain, dtype, GraphForm("static", "gqa"), (), tree)
+    if graphs == "builder":
+        from specpack.export.builder_export import build_plain_graph
+
+        plain = build_plain_graph(model_dir, work / f"plain_{label}", dtype, "cuda" if dtype == "fp16" else "cpu",
+                                  tree_nodes=tree)[0]
+    else:
+        export_plain_graph(model_dir, plain, dtype, GraphForm("static", "gqa"), (), tree)
     vocab = int(json.loads((model_dir / "config.json").read_text())["vocab_size"])
     if tree:
         build_tree_verify_graph(plain, out, vocab, tree)
@@ -243,15 +251,17 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--export-only", action="store_true", help="write the graphs under --work and stop")
+    parser.add_argument("--graphs", default="torch", choices=["torch", "builder"], help="who writes the target's graphs")
     args = parser.parse_args()
     dtype = "fp16" if args.device == "cuda" else "fp32"
     args.work.mkdir(parents=True, exist_ok=True)
     model_dir = args.work / f"model-{args.shape}"
     config = make_model(args.shape, model_dir, dtype, args.device)
     result: dict[str, Any] = {"shape": args.shape, "dtype": dtype, "device": args.device, "context": CONTEXT,
-                              "reps": args.reps, "tree_shape": "four chains of depth T / 4 (a chain below 4 nodes)"}
-    chain, tree = export_verify(model_dir, args.work, dtype, 0), export_verify(model_dir, args.work, dtype, TREE_MAX)
-    head, cfg = export_head(config, args.work, dtype)
+                              "reps": args.reps, "tree_shape": "four chains of depth T / 4 (a chain below 4 nodes)",
+                              "graphs": args.graphs}
+    chain, tree = (export_verify(model_dir, args.work, dtype, nodes, args.graphs) for nodes in (0, TREE_MAX))
+    head, cfg = export_head(config, args.work, dtype) if args.graphs == "torch" else (None, None)
     if args.export_only:
         return
     for capture in ((False, True) if args.device == "cuda" else (False,)):
@@ -259,13 +269,16 @@ def main() -> None:
         entry = result[key] = {"chain_verify_ms": verify_costs(chain, config, dtype, args.device, capture, False,
                                                                args.reps),
                                "tree_verify_ms": verify_costs(tree, config, dtype, args.device, capture, True,
-                                                              args.reps),
-                               "head_step_ms": head_costs(head, cfg, dtype, args.device, capture, args.reps)}
+                                                              args.reps)}
+        if head is not None:
+            entry["head_step_ms"] = head_costs(head, cfg, dtype, args.device, capture, args.reps)
         step = entry["chain_verify_ms"]["1"]  # the padded target step of greedy decoding
         entry["v_chain"] = {k: ms / step for k, ms in entry["chain_verify_ms"].items() if k != "capture_refused"}
         entry["v_tree"] = {t: ms / step for t, ms in entry["tree_verify_ms"].items() if t != "capture_refused"}
-        entry["c_head"] = entry["head_step_ms"]["draft"] / step
-        log(key, "c_head", round(entry["c_head"], 3), "v_tree", {t: round(v, 2) for t, v in entry["v_tree"].items()})
+        if head is not None:
+            entry["c_head"] = entry["head_step_ms"]["draft"] / step
+        log(key, "c_head", round(entry.get("c_head", 0.0), 3), "v_tree",
+            {t: round(v, 2) for t, v in entry["v_tree"].items()})
         args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -48,6 +48,9 @@ ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain i
     "target": ({names.DRAFT_PROBS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN}),
     "tree": ({names.PARENTS, names.UNIFORMS}, {names.N_ACCEPTED, names.NEXT_TOKEN, names.PATH}),  # a tree verify
 }
+# (kv_cache, heads, positions, exporter) of the graphs a tree verify graph is made from: the torch tree form
+# (export/torch_export.py) and the builder's (export/builder_tree.py: positions from the mask, as its GQA takes them)
+TREE_FORMS = (("static", "onnxruntime", "inputs", "torch"), ("static", "onnxruntime", "internal", "builder"))
 TREE_RULES = ("greedy", "deterministic")  # the acceptance rules a tree verify head has (graphs/tree_head.py)
 PLAIN_INPUTS = {names.INPUT_IDS, names.ATTENTION_MASK, names.TEMPERATURE, names.TOP_K, names.TOP_P}
 POSITION_INPUTS = {"inputs": {names.POSITION_IDS}, "internal": set()}  # GraphEntry.positions -> the inputs it adds
@@ -134,9 +137,9 @@ class GraphEntry(_Closed):
     def _check_origin(self) -> GraphEntry:
         # positions "internal" with the static cache: checked on model entries (a head's concat graph computes its own)
         form = (self.kv_cache, self.heads, self.positions, self.exporter)
-        if self.tree is not None and form != ("static", "onnxruntime", "inputs", "torch"):
-            raise ValueError("a tree verify graph is a torch graph with kv_cache 'static', heads 'onnxruntime' and "
-                             "positions 'inputs'")
+        if self.tree is not None and form not in TREE_FORMS:
+            raise ValueError("a tree verify graph has kv_cache 'static' and heads 'onnxruntime', and is a torch graph "
+                             "with positions 'inputs' or a builder graph with positions 'internal'")
         if (self.exporter == "builder") != (self.execution_provider is not None):
             raise ValueError("execution_provider is recorded exactly for exporter 'builder'")
         return self

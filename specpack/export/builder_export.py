@@ -7,7 +7,9 @@
 The builder's decoder is our static contract (docs/static_kv_cache.md) without position_ids: its
 GroupQueryAttention takes the positions from the static mask (`seqlens_k = ReduceSum(attention_mask) - 1`,
 `total_sequence_length = attention_mask.shape[1]` = max_len) and applies the rotary itself. The manifest
-records that as `positions: "internal"`; the runtime then feeds no position_ids.
+records that as `positions: "internal"`; the runtime then feeds no position_ids. With --max-tree-nodes the target's
+graph is rewritten into the tree form (builder_tree.py: `parents` in, every GroupQueryAttention fed the tree's
+position_ids and attention_bias, positions still internal).
 
 What it builds, and what is refused before anything is built (`check_builder_config`, `check_builder_model`):
 
@@ -142,11 +144,13 @@ def builder_options(method: str, execution_provider: str) -> tuple[str | None, d
 
 
 def build_plain_graph(model_dir: Path, work: Path, dtype: str, execution_provider: str,
-                      method: str = modes.NONE, taps: tuple[int, ...] = ()) -> tuple[Path, dict[str, Any] | None]:
+                      method: str = modes.NONE, taps: tuple[int, ...] = (),
+                      tree_nodes: int = 0) -> tuple[Path, dict[str, Any] | None]:
     """Run the model builder on `model_dir` into the folder `work` and rename its graph to our contract;
     returns the plain graph (work/model.onnx, weights in work/model.onnx.data) and, for a weight-only
     `method`, its quantization record for the manifest (None when not quantized). With `taps` (a head pack's
-    target), the graph also writes the features the head reads into its features cache (builder_features.py)."""
+    target), the graph also writes the features the head reads into its features cache (builder_features.py);
+    tree_nodes > 0: the tree form, for trees of up to tree_nodes nodes (builder_tree.py)."""
     import time
 
     from onnxruntime_genai.models import builder
@@ -171,6 +175,10 @@ def build_plain_graph(model_dir: Path, work: Path, dtype: str, execution_provide
         from specpack.export.builder_features import add_features_cache
 
         add_features_cache(plain, taps, int(genai_config["model"]["decoder"]["hidden_size"]))
+    if tree_nodes:
+        from specpack.export.builder_tree import add_tree_form
+
+        add_tree_form(plain, tree_nodes, int(genai_config["model"]["context_length"]))
     if quantized is None:
         return plain, None
     return plain, quantization_record(plain, method, extra, time.perf_counter() - start)

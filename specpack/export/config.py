@@ -51,7 +51,7 @@ class ExportConfig:
                                       # (onnxruntime-genai's model builder, builder_export.py)
     execution_provider: str = "cpu"   # "cpu" or "cuda": what the builder builds for (--graphs builder only)
     max_tree_nodes: int = 0           # > 0: the target's verify.onnx verifies token trees of up to this many nodes
-                                      # (docs/trees.md; static cache, torch graphs); 0: chains
+                                      # (docs/trees.md; static cache, torch or builder graphs); 0: chains
     max_batch: int = 0                # > 0: the batched graphs too (docs/batching.md): verify_batched.onnx (and
                                       # draft_batched.onnx), requests decoded together up to this many; 0: none
 
@@ -97,15 +97,20 @@ class ExportConfig:
         """--max-tree-nodes: a number in range, and a form the tree verify graph is built for."""
         if not check_tree_nodes(self.max_tree_nodes):
             return
-        refused = [(self.graphs != "torch", f"--graphs {self.graphs}", "--graphs torch"),
-                   (self.kv_cache != "static", f"--kv-cache {self.kv_cache}", "--kv-cache static"),
+        if self.draft_head is not None and self.graphs != "torch":  # the builder's tree form has no features yet
+            raise SpecpackError("--max-tree-nodes with --draft-head is built on torch graphs only",
+                                expected="--graphs torch with --draft-head --max-tree-nodes",
+                                found=f"--graphs {self.graphs} with --draft-head --max-tree-nodes",
+                                hint="export the head's tree pack with --graphs torch, or leave out --max-tree-nodes "
+                                     "(docs/trees.md, What remains)")
+        refused = [(self.kv_cache != "static", f"--kv-cache {self.kv_cache}", "--kv-cache static"),
                    (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime")]
         for bad, found, expected in refused:
             if bad:
                 raise SpecpackError(f"--max-tree-nodes cannot be exported with {found}: the tree verify graph is built "
-                                    "for torch graphs with the static KV cache so far", expected=expected, found=found,
-                                    hint="leave out --max-tree-nodes for this form (the builder's graphs, the concat "
-                                         "cache and the TensorRT heads are not built yet: docs/trees.md)")
+                                    "for the static KV cache (torch or builder graphs) so far", expected=expected,
+                                    found=found, hint="leave out --max-tree-nodes for this form (the concat cache and "
+                                                      "the TensorRT heads are not built yet: docs/trees.md)")
 
     def _check_batch(self) -> None:
         """--max-batch: a number in range, and a pack the batched graphs are built for (the batched static form of

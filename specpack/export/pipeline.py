@@ -148,7 +148,8 @@ def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGra
                        + ("" if method == modes.NONE else f", {method} weights"), _log):
                 path, record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
                                           config.dtype, config.execution_provider, method,
-                                          sources.taps if role == "target" else ())
+                                          sources.taps if role == "target" else (),
+                                          config.max_tree_nodes if role == "target" else 0)
             graphs[role] = Graph(path, record)
             continue
         path = work / f"{role}.onnx"
@@ -308,13 +309,13 @@ def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str, method: str,
-                 taps: tuple[int, ...] = ()) -> tuple[Path, dict[str, Any] | None]:
+                 taps: tuple[int, ...] = (), tree_nodes: int = 0) -> tuple[Path, dict[str, Any] | None]:
     """Stages 1 and 2 with --graphs builder: onnxruntime-genai's model builder (quantizing as it builds for
     int4 / int8), renamed to our contract; the graph and its quantization record. `taps`: a head pack's target
-    also writes the head's features (builder_features.py)."""
+    also writes the head's features (builder_features.py); tree_nodes > 0: the tree form (builder_tree.py)."""
     from specpack.export.builder_export import build_plain_graph
 
-    return build_plain_graph(model_dir, work, dtype, execution_provider, method, taps)
+    return build_plain_graph(model_dir, work, dtype, execution_provider, method, taps, tree_nodes)
 
 
 def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:

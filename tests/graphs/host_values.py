@@ -20,6 +20,7 @@ CPU_INPUTS: dict[str, frozenset[int]] = {
     "Unsqueeze": frozenset({1}), "Slice": frozenset({1, 2, 3, 4}), "ConstantOfShape": frozenset({0}),
     "Tile": frozenset({1}), "ReduceSum": frozenset({1}), "ReduceMax": frozenset({1}), "ReduceMin": frozenset({1}),
     "Pad": frozenset({1, 2, 3}), "TopK": frozenset({1}), "Split": frozenset({1}), "Resize": frozenset({1, 2, 3}),
+    "GroupQueryAttention": frozenset({6}),  # total_sequence_length (contrib_ops/cuda/bert/group_query_attention.cc)
 }
 
 

@@ -1,0 +1,132 @@
+"""`spec-export --graphs builder --max-tree-nodes 16`: a tree pack whose target is the model builder's graph in the
+tree form (export/builder_tree.py), its draft the builder's too (tiny qwen2, head_dim 16, k 4, max_len 64).
+
+The manifest records the tree form as the torch path does (positions internal, exporter builder); the captured graphs
+read no host value as data. Greedy: transformers' target alone, with n-gram tries (tree auto, off, 2, 16), chains
+from the draft model (trees of width 1) and trees whose first child is always wrong (rows move every step), on the cpu
+backend and on the cuda backend's code (device="cpu"); seeded sampling: the same tokens on both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import onnx
+import pytest
+
+import specpack
+from specpack import names
+from specpack.contract.manifest import Manifest
+from specpack.runtime.ngram_drafter import NgramConfig
+from specpack.runtime.pack import Pack
+from tests.export.test_builder_export import HEAD_DIM, needs_builder
+from tests.runtime.test_cuda_backend import device_pack
+from tests.runtime.test_cuda_tree import PROMPT, REPEATED, SiblingTree
+
+pytestmark = needs_builder  # the pack: two builder runs, about 5 s on the 2-core VM (once per code version)
+
+
+@pytest.fixture(scope="module")
+def pack_dir(tiny_export: Callable[..., Path]) -> Path:
+    return tiny_export("qwen2", "small", {"head_dim": HEAD_DIM}, k=4, max_len=64, graphs="builder",
+                       max_tree_nodes=16)
+
+
+@pytest.fixture(scope="module")
+def packs(pack_dir: Path) -> Iterator[tuple[Pack, Pack]]:
+    """(cpu, cuda code on the CPU EP), both with the same n-gram drafter settings."""
+    cpu = specpack.load(pack_dir, threads=1, ngram=NgramConfig(1, 3, width=4))
+    dev = device_pack(pack_dir)
+    dev = Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=NgramConfig(1, 3, width=4))
+    yield cpu, dev
+    cpu.close()
+    dev.close()
+
+
+def test_the_manifest_records_the_builder_tree_form(pack_dir: Path) -> None:
+    from tests.graphs.host_values import host_values_in_data
+
+    manifest = Manifest.read(pack_dir)
+    graph = manifest.target.graph
+    assert graph.tree is not None and graph.tree.max_nodes == 16 and graph.tree.rules == ["greedy", "deterministic"]
+    assert (graph.exporter, graph.positions, graph.attention, graph.kv_cache) == ("builder", "internal", "gqa", "static")
+    assert manifest.draft.graph.tree is None and manifest.draft.graph.exporter == "builder"
+    inputs = {s.name: s for s in graph.inputs}
+    assert inputs[names.PARENTS].shape == [1, "tree_nodes"] and names.POSITION_IDS not in inputs
+    assert names.DRAFT_PROBS not in inputs and names.KV_COMPACT_FILE in manifest.loaded_files()
+    for name in ("verify.onnx", "draft_step.onnx", names.KV_COMPACT_FILE):
+        assert host_values_in_data(onnx.load(str(pack_dir / name), load_external_data=False)) == [], name
+    entry = graph.model_dump()
+    type(graph).model_validate(entry)
+    for wrong in ({"positions": "inputs"}, {"exporter": "torch", "execution_provider": None}):  # not a tree form
+        with pytest.raises(ValueError, match="a tree verify graph"):
+            type(graph).model_validate({**entry, **wrong})
+
+
+def test_greedy_trees_and_chains_equal_the_target_alone(packs: tuple[Pack, Pack], tiny_pairs) -> None:
+    from tests.e2e.test_greedy_golden import _reference
+
+    cpu, dev = packs
+    target = tiny_pairs("qwen2", head_dim=HEAD_DIM)[1]
+    proposed = 0
+    for prompt in (PROMPT, cpu.encode(REPEATED)[:30]):
+        want = _reference(target, cpu.encode(prompt), 24, cpu.manifest.eos_token_ids)
+        for pack in (cpu, dev):
+            assert pack.generate(prompt, 24, k=0).tokens == want
+            for tree in ("auto", "off", 2, 16):
+                out = pack.generate(prompt, 24, drafter="ngram", tree=tree)
+                assert out.tokens == want, (prompt, tree)
+                proposed += out.stats["proposed"]
+            assert pack.generate(prompt, 24, k=4, drafter="model").tokens == want  # chains as trees of width 1
+    assert proposed > 0
+
+
+def test_accepted_siblings_move_the_rows_on_both_backends(packs: tuple[Pack, Pack],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every step's path goes through a sibling (the cache rows move: on the host, and by kv_compact.onnx on the
+    device's cache); the output is the target's."""
+    cpu, dev = packs
+    cache = dev.backend.target().engine.slots[0].cache  # type: ignore[attr-defined]
+    compact, ran = cache.compact, []
+    monkeypatch.setattr(cache, "compact", lambda nodes: (ran.append(nodes), compact(nodes))[1])
+    for pack in (cpu, dev):
+        want = pack.generate(PROMPT, 16, k=0).tokens
+        tree = Pack(pack.path, pack.manifest, pack.tokenizer, pack.backend,
+                    SiblingTree(want, len(pack.encode(PROMPT)), pack.manifest.vocab_size))
+        out = tree.generate(PROMPT, 16, k=4)
+        assert out.tokens == want and out.stats["accepted"] > 0
+    assert ran.count(4) >= 3, ran
+
+
+def test_sampled_tokens_equal_the_cpu_backend(packs: tuple[Pack, Pack]) -> None:
+    cpu, dev = packs
+    sampled = {"temperature": 0.8, "top_k": 20, "top_p": 0.9, "seed": 7}
+    prompt = cpu.encode(REPEATED)[:30]
+    for tree in ("auto", 8, "off"):
+        out, ref = (p.generate(prompt, 24, drafter="ngram", tree=tree, **sampled) for p in (dev, cpu))
+        assert out.tokens == ref.tokens and out.stats["k_histogram"] == ref.stats["k_histogram"], tree
+
+
+def test_an_int4_builder_tree_pack_gives_its_own_greedy_tokens(tiny_export: Callable[..., Path]) -> None:
+    """The builder's int4 target (its quantizer, MatMulNBits at accuracy level 1) in the tree form, n-gram drafter:
+    trees and chains give the target's own k = 0 tokens on both backends."""
+    pack_dir = tiny_export("qwen2", None, {"head_dim": HEAD_DIM}, k=4, max_len=64, graphs="builder", drafter="ngram",
+                           quantize_target="int4", max_tree_nodes=8)
+    cpu = specpack.load(pack_dir, threads=1, ngram=NgramConfig(1, 3, width=4))
+    dev = device_pack(pack_dir)
+    dev = Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=NgramConfig(1, 3, width=4))
+    try:
+        assert cpu.manifest.target.quantization is not None and cpu.manifest.target.graph.tree is not None
+        proposed = 0
+        for prompt in (PROMPT, cpu.encode(REPEATED)[:30]):
+            want = cpu.generate(prompt, 24, k=0).tokens
+            for pack in (cpu, dev):
+                for tree in ("auto", "off", 2, 8):
+                    out = pack.generate(prompt, 24, tree=tree)
+                    assert out.tokens == want, (prompt, tree)
+                    proposed += out.stats["proposed"]
+        assert proposed > 0
+    finally:
+        cpu.close()
+        dev.close()
