@@ -4,14 +4,17 @@ tree form (export/builder_tree.py), its draft the builder's too (tiny qwen2, hea
 The manifest records the tree form as the torch path does (positions internal, exporter builder); the captured graphs
 read no host value as data. Greedy: transformers' target alone, with n-gram tries (tree auto, off, 2, 16), chains
 from the draft model (trees of width 1) and trees whose first child is always wrong (rows move every step), on the cpu
-backend and on the cuda backend's code (device="cpu"); seeded sampling: the same tokens on both.
+backend and on the cuda backend's code (device="cpu"); seeded sampling: the same tokens on both; the chi-square test
+against the target's exact probabilities (slow), and the same test rejecting trees chosen by peeking at the uniforms.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import onnx
 import pytest
 
@@ -20,6 +23,10 @@ from specpack import names
 from specpack.contract.manifest import Manifest
 from specpack.runtime.ngram_drafter import NgramConfig
 from specpack.runtime.pack import Pack
+from specpack.runtime.state import DecodeState, Proposal
+from specpack.sampling import SamplingParams
+from tests.e2e.test_sampling_distribution import P_FAIL, TargetLogits, draw_samples, partitions, pvalue
+from tests.e2e.test_tree_runtime import SAMPLES, TargetTopTree
 from tests.export.test_builder_export import HEAD_DIM, needs_builder
 from tests.runtime.test_cuda_backend import device_pack
 from tests.runtime.test_cuda_tree import PROMPT, REPEATED, SiblingTree
@@ -130,3 +137,53 @@ def test_an_int4_builder_tree_pack_gives_its_own_greedy_tokens(tiny_export: Call
     finally:
         cpu.close()
         dev.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_k=20)], ids=str)
+def test_sampled_trees_on_the_builder_form_keep_the_distribution(tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                                  packs: tuple[Pack, Pack],
+                                                                  params: SamplingParams) -> None:
+    """The chi-square test of tests/e2e/test_tree_runtime.py on the builder's tree form (cpu backend): trees of the
+    target's top tokens (deterministic candidates) against the target's exact probabilities (transformers); the same
+    test rejects a tree chosen by peeking at the verify's uniform (below)."""
+    samples, p = _builder_tree_samples(tiny_pairs, packs[0], params, peeking=False)
+    print(f"builder trees {params}: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert samples.accepted > SAMPLES // 10
+    assert p > P_FAIL
+
+
+@pytest.mark.slow
+def test_a_tree_peeking_at_the_uniforms_is_rejected(tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                     packs: tuple[Pack, Pack]) -> None:
+    samples, p = _builder_tree_samples(tiny_pairs, packs[0], SamplingParams(1.0), peeking=True, n=5 * SAMPLES)
+    print(f"peeking builder trees: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert p < P_FAIL
+
+
+class PeekingTopTree(TargetTopTree):
+    """A defect: the target's top-3 tree (temperature 1), its first two root children swapped whenever the first
+    node's uniform (state.uniforms.verify[0, 0], drawn before the step) says the top token would be rejected there: the
+    second token is then rejected too and the top one tested again against the residual, so it comes out about
+    p0 (1 - p0) / (1 - p1) more often. The deterministic rule is exact only for candidates fixed before the uniforms."""
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        done = tuple(state.ids[self.prompt_length : state.length].tolist())
+        logits = self.logits([done])[0]
+        probs = np.exp(logits - logits.max())
+        order = np.argsort(-logits, kind="stable")
+        proposal = super().propose(state, k)
+        if proposal.k >= 2 and state.uniforms.verify[0, 0] * probs.sum() >= probs[order[0]]:
+            proposal.tokens[[0, 1]] = proposal.tokens[[1, 0]]  # both root children: parents unchanged
+        return proposal
+
+
+def _builder_tree_samples(tiny_pairs: Callable[..., tuple[Path, Path]], pack: Pack, params: SamplingParams,
+                          peeking: bool, n: int = SAMPLES) -> tuple[Any, float]:
+    prompt = pack.encode(PROMPT)
+    logits = TargetLogits(tiny_pairs("qwen2", "small", head_dim=HEAD_DIM)[1], prompt)
+    k = 4
+    part = partitions(logits, pack.eos_ids)(params, k + 2, n)
+    drafter = (PeekingTopTree if peeking else TargetTopTree)(logits, len(prompt))  # k 4: root children 0-2, 3 under 0
+    samples = draw_samples(pack, drafter, prompt, params, k, 11, n=n, decided=part.decided)
+    return samples, pvalue(part, samples)
