@@ -29,7 +29,7 @@ from tests.e2e.test_sampling_distribution import P_FAIL, TargetLogits, draw_samp
 from tests.e2e.test_tree_runtime import SAMPLES, TargetTopTree
 from tests.export.test_builder_export import HEAD_DIM, needs_builder
 from tests.runtime.test_cuda_backend import device_pack
-from tests.runtime.test_cuda_tree import PROMPT, REPEATED, SiblingTree
+from tests.runtime.test_cuda_tree import PROMPT, REPEATED, SiblingTree, cpu_and_device_packs
 
 pytestmark = needs_builder  # the pack: two builder runs, about 5 s on the 2-core VM (once per code version)
 
@@ -42,13 +42,7 @@ def pack_dir(tiny_export: Callable[..., Path]) -> Path:
 
 @pytest.fixture(scope="module")
 def packs(pack_dir: Path) -> Iterator[tuple[Pack, Pack]]:
-    """(cpu, cuda code on the CPU EP), both with the same n-gram drafter settings."""
-    cpu = specpack.load(pack_dir, threads=1, ngram=NgramConfig(1, 3, width=4))
-    dev = device_pack(pack_dir)
-    dev = Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=NgramConfig(1, 3, width=4))
-    yield cpu, dev
-    cpu.close()
-    dev.close()
+    yield from cpu_and_device_packs(pack_dir)
 
 
 def test_the_manifest_records_the_builder_tree_form(pack_dir: Path) -> None:

@@ -31,15 +31,19 @@ def tree_pack_dir(tiny_export: Callable[..., Path]) -> Path:
     return tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)  # the e2e test's
 
 
-@pytest.fixture(scope="module")
-def packs(tree_pack_dir: Path) -> Iterator[tuple[Pack, Pack]]:
-    """(cpu, cuda code on the CPU EP), both with the same n-gram drafter settings."""
-    cpu = specpack.load(tree_pack_dir, threads=1, ngram=NgramConfig(1, 3, width=4))
-    dev = device_pack(tree_pack_dir)
+def cpu_and_device_packs(pack_dir: Path) -> Iterator[tuple[Pack, Pack]]:
+    """(cpu, cuda code on the CPU EP) of one tree pack, both with the same n-gram drafter settings (a fixture body)."""
+    cpu = specpack.load(pack_dir, threads=1, ngram=NgramConfig(1, 3, width=4))
+    dev = device_pack(pack_dir)
     dev = Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=NgramConfig(1, 3, width=4))
     yield cpu, dev
     cpu.close()
     dev.close()
+
+
+@pytest.fixture(scope="module")
+def packs(tree_pack_dir: Path) -> Iterator[tuple[Pack, Pack]]:
+    yield from cpu_and_device_packs(tree_pack_dir)
 
 
 def _engine(pack: Pack) -> DeviceTarget:
