@@ -20,8 +20,8 @@ keep    the trained head's files split into KEEP_CHUNK pieces under WORK/keep (w
         `cat head.safetensors.* > head.safetensors` and check the sha256 in keep.json
 trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, --tree-graphs, static, fp16): prompt
         lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR
-headtrees  a tree pack of the trained head (--draft-head; torch graphs with gqa attention: the builder's tree form
-        has no features cache): the head's chains (k 2, adaptive) and EAGLE-2 trees (auto, 8, 16 nodes) on the 8 prompts
+headtrees  a tree pack of the trained head (--draft-head, on --tree-graphs): the head's chains (k 2, adaptive) and
+        EAGLE-2 trees (auto, 4, 8, 16 nodes) on the 8 prompts, with the tree pack's own AR
 Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
 """
 
@@ -50,7 +50,8 @@ TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-
                                                       ("tree-16", None, 16)]
 HEAD_TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-2", 2, "off"),
                                                            ("chain-auto", None, "off"), ("tree-auto", None, "auto"),
-                                                           ("tree-8", None, 8), ("tree-16", None, 16)]
+                                                           ("tree-4", None, 4), ("tree-8", None, 8),
+                                                           ("tree-16", None, 16)]
 KEEP_CHUNK = 15 << 20
 DISTILL = ["--device", "cuda", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
 
@@ -221,10 +222,10 @@ def phase_headtrees(args: argparse.Namespace, result: dict[str, Any]) -> None:
     of the head (exported here, after training)."""
     work = Path(args.work)
     t0 = time.perf_counter()
-    command = tree_export_command(args, ["--draft-head", str(work / "head")], work / "pack-head-tree", "torch")
-    subprocess.run(command, check=True)  # a head's tree pack: torch graphs only (docs/trees.md)
+    command = tree_export_command(args, ["--draft-head", str(work / "head")], work / "pack-head-tree", args.tree_graphs)
+    subprocess.run(command, check=True)
     result["headtrees"] = {"export_s": time.perf_counter() - t0,
-                           **tree_runs(args, work / "pack-head-tree", "head", HEAD_TREE_RUNS, "torch")}
+                           **tree_runs(args, work / "pack-head-tree", "head", HEAD_TREE_RUNS, args.tree_graphs)}
 
 
 def tree_runs(args: argparse.Namespace, pack_dir: Path, drafter: str, runs: list[tuple[str, int | None, int | str]],

@@ -97,12 +97,6 @@ class ExportConfig:
         """--max-tree-nodes: a number in range, and a form the tree verify graph is built for."""
         if not check_tree_nodes(self.max_tree_nodes):
             return
-        if self.draft_head is not None and self.graphs != "torch":  # the builder's tree form has no features yet
-            raise SpecpackError("--max-tree-nodes with --draft-head is built on torch graphs only",
-                                expected="--graphs torch with --draft-head --max-tree-nodes",
-                                found=f"--graphs {self.graphs} with --draft-head --max-tree-nodes",
-                                hint="export the head's tree pack with --graphs torch, or leave out --max-tree-nodes "
-                                     "(docs/trees.md, What remains)")
         refused = [(self.kv_cache != "static", f"--kv-cache {self.kv_cache}", "--kv-cache static"),
                    (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime")]
         for bad, found, expected in refused:

@@ -160,9 +160,10 @@ class DeviceHead(SlotSessions[_HeadSlot]):
                 names.TREE_HIDDEN: tree.hidden.view((1, w + 1, h))}
 
     def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
-        """A token tree's run (engine.TreeDraftEngine): the catch-up (run None) or `run`'s own rows. Uncaptured: the
-        inputs are built on the host (head_tree_rows.HeadTreeBuffers) and uploaded, the top-K and the rows' outputs
-        read back (a later run's hidden_in is gathered on the host: docs/heads.md, "What remains")."""
+        """A token tree's run (engine.TreeDraftEngine): the catch-up (run None) or `run`'s own rows. The inputs are
+        built on the host (head_tree_rows.HeadTreeBuffers) and uploaded into fixed buffers, so a greedy run of C <=
+        k_max + 1 catch-up rows is captured once per (C, W) and replayed; the top-K and the rows' outputs are read
+        back (a later run's hidden_in is gathered on the host: docs/heads.md, "What remains")."""
         host, slot = self.tree, self.slots[state.slot]
         tree = slot.tree
         if host is None or tree is None:
@@ -180,25 +181,38 @@ class DeviceHead(SlotSessions[_HeadSlot]):
             tree.hidden_in.write(host.hidden_in[i])
             tree.positions.write(host.positions[i])
             tree.mask.write(host.mask[i])
-        kv_inputs = cache.bind_inputs(c + w)
+        kv_inputs = cache.bind_inputs(c + w)  # uploads the mask when the length changed
         ids = self._upload_ids(slot, state.ids[None, start + 1 : start + 1 + c])  # [1, C]
-        h, m = self.hidden, host.max_len
-        inputs = {names.INPUT_IDS: ids, names.FEATURES: self.features[i].view(),
-                  names.DRAFT_IDS: tree.ids.view((1, w)), names.HIDDEN_IN: tree.hidden_in.view((1, w, h)),
-                  names.DRAFT_POSITIONS: tree.positions.view((1, w)), names.DRAFT_MASK: tree.mask.view((1, w, m)),
-                  names.UNIFORM: slot.uniform.view(), **kv_inputs, **{n: v.view() for n, v in slot.sampling.items()}}
-        outputs = {names.TOKEN: slot.token.view(), names.HIDDEN_OUT: slot.hidden.view((1, 1, h), h),
-                   names.PROBS: slot.q.view((1, self.vocab)), **self._tree_outputs(tree, w), **cache.bind_outputs(c + w)}
         session = self.session(slot.greedy)  # the request's form (its drawn token is not read)
-        binding = session.session.io_binding()
-        bind(binding, self.device, inputs, outputs, session.input_names)
-        session.run(binding, None)
+        captured = slot.greedy and c <= self.short_max  # every buffer below is fixed: bound once per (C, W), captured
+        key = ("tree", c, w)
+        binding = slot.bindings.get(key) if captured else None
+        if binding is None:
+            binding = session.session.io_binding()
+            bind(binding, self.device, *self._tree_views(i, slot, tree, ids, kv_inputs, c, w), session.input_names)
+            if captured:
+                slot.bindings[key] = binding
+        session.run(binding, (i, *key) if captured else None)
         cache.advance(c + w)
         r = self.tree_width + 1
         host.tokens[i][index, : w + 1] = tree.tokens.read()[0, : w + 1]
         host.logprobs[i][index, : w + 1] = tree.logprobs.read()[0, : w + 1]
         host.hidden[i][index * r : index * r + w + 1] = tree.hidden.read()[0, : w + 1]
         return host.top_rows(i, index, w, start if w else start + c - 1)
+
+    def _tree_views(self, index: int, slot: _HeadSlot, tree: _TreeSlot, ids: DeviceView,
+                    kv_inputs: dict[str, DeviceView], c: int, w: int
+                    ) -> tuple[dict[str, DeviceView], dict[str, DeviceView]]:
+        """What a tree run over C catch-up + W own rows binds: inputs, outputs (fixed buffers, views by C and W)."""
+        h, m = self.hidden, tree.mask.shape[2]
+        inputs = {names.INPUT_IDS: ids, names.FEATURES: self.features[index].view(),
+                  names.DRAFT_IDS: tree.ids.view((1, w)), names.HIDDEN_IN: tree.hidden_in.view((1, w, h)),
+                  names.DRAFT_POSITIONS: tree.positions.view((1, w)), names.DRAFT_MASK: tree.mask.view((1, w, m)),
+                  names.UNIFORM: slot.uniform.view(), **kv_inputs, **{n: v.view() for n, v in slot.sampling.items()}}
+        outputs = {names.TOKEN: slot.token.view(), names.HIDDEN_OUT: slot.hidden.view((1, 1, h), h),
+                   names.PROBS: slot.q.view((1, self.vocab)), **self._tree_outputs(tree, w),
+                   **slot.cache.bind_outputs(c + w)}
+        return inputs, outputs
 
     def _upload_ids(self, slot: _HeadSlot, host: np.ndarray) -> DeviceView:
         """input_ids [1, C] on the device: a staging buffer per C up to k_max + 1 (fixed addresses), else a prefix of
