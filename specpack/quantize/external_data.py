@@ -13,11 +13,10 @@ instead of writing it again; what the first file lacks goes into the second grap
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import BinaryIO
-
 import hashlib
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 import onnx

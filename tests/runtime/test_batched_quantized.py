@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import specpack
-from specpack.contract.manifest import parse_manifest
 from specpack.contract.integrity import verify_pack
+from specpack.contract.manifest import parse_manifest
 from specpack.errors import SpecpackError
 from specpack.hashing import sha256_file
 from specpack.names import BATCHED_FILES
