@@ -171,7 +171,10 @@ class BatchedForm(_Closed):
     standard-attention form with a batch axis, rows right-padded, each with its own mask row and KV slot. `head`:
     "verify" (graphs/batched_head.py: draft_counts, token_counts and per-row sampling inputs -> n_accepted,
     next_token [B]) or "greedy" (best [B, S]: the batched greedy draft). `inputs`: the batch-only inputs besides the
-    batch-1 graph's. Absent (None) on older packs and packs exported without --max-batch: batch 1 only."""
+    batch-1 graph's. Absent (None) on older packs and packs exported without --max-batch: batch 1 only.
+    `quantization`: how its weights are stored, the model's method (quantize/stage.py, quantize_graph_pair: the
+    batch-1 graph's quantized weights; `shared` says how many, and which data file the two graphs both read; the
+    per-tensor list is the model's); None: unquantized, as the model."""
 
     form: Literal["standard-static"] = "standard-static"
     max_batch: Annotated[int, Field(ge=1, le=1024)]
@@ -179,6 +182,7 @@ class BatchedForm(_Closed):
     head: Literal["verify", "greedy"]
     inputs: list[Name] = Field(default_factory=list, max_length=16)
     graph: GraphEntry
+    quantization: Quantization | None = None
 
     @model_validator(mode="after")
     def _check_graph(self) -> BatchedForm:
@@ -289,6 +293,9 @@ class ModelEntry(_Closed):
             for specs, prefix in ((batched.inputs, "past"), (batched.outputs, "present")):
                 if not set(names.kv_names(self.num_layers, prefix)) <= {s.name for s in specs}:
                     raise ValueError(f"the batched graph lacks {prefix} KV tensors of num_layers {self.num_layers}")
+            methods = [q.method if q is not None else "none" for q in (self.quantization, self.batched.quantization)]
+            if methods[0] != methods[1]:
+                raise ValueError(f"the batched graph's quantization ({methods[1]}) is not the model's ({methods[0]})")
         for specs in (g.inputs, g.outputs):
             seen = [s.name for s in specs]
             if len(seen) != len(set(seen)):

@@ -25,7 +25,7 @@ RULES = [  # what JSON Schema cannot say; Manifest's validators enforce these to
     "no engine names a graph's, an external data file's or a tokenizer file's path",
     "a model's `batched` graph is a torch graph of the static standard-attention form with positions as inputs and "
     "no tree, has the past / present KV tensors of its num_layers, the outputs of its head (verify: n_accepted, "
-    "next_token; greedy: best) and its batch `inputs`",
+    "next_token; greedy: best) and its batch `inputs`, and its quantization method is the model's (none when absent)",
     f"the file is UTF-8 JSON of at most {MANIFEST_BYTES_LIMIT} bytes, nested at most {JSON_DEPTH_LIMIT} deep, "
     "without duplicate keys, NaN or Infinity (nor numbers past a float's range, such as 1e999)",
 ]

@@ -108,7 +108,8 @@ class ExportConfig:
 
     def _check_batch(self) -> None:
         """--max-batch: a number in range, and a pack the batched graphs are built for (the batched static form of
-        torch's fp32 graphs, CPU; docs/batching.md, "What remains")."""
+        torch's fp32 graphs, unquantized or weight-only quantized as the batch-1 graphs, CPU; docs/batching.md,
+        "What remains")."""
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 0 <= self.max_batch <= 1024:
             raise SpecpackError("invalid --max-batch", expected="an integer in 0..1024 (0: no batched graphs)",
                                 found=repr(self.max_batch))
@@ -119,12 +120,13 @@ class ExportConfig:
                    (self.dtype != "fp32", f"--dtype {self.dtype}", "--dtype fp32"),
                    (self.max_tree_nodes > 0, "--max-tree-nodes", "chains"),
                    (self.draft_head is not None, "--draft-head", "--drafter model or ngram"),
-                   (any(q not in (None, modes.NONE) for q in (self.quantize_draft, self.quantize_target)),
-                    "--quantize-*", "unquantized graphs")]
+                   (any(q in modes.CALIBRATED for q in (self.quantize_draft, self.quantize_target)),
+                    "--quantize-* " + " / ".join(modes.CALIBRATED), "unquantized or weight-only (int4, int8, gguf)")]
         for bad, found, expected in refused:
             if bad:
                 raise SpecpackError(f"--max-batch cannot be exported with {found} yet: the batched graphs are the fp32 "
-                                    "standard-attention static form of torch's graphs", expected=expected, found=found,
+                                    "standard-attention static form of torch's graphs (weight-only quantization "
+                                    "allowed)", expected=expected, found=found,
                                     hint="leave out --max-batch (docs/batching.md, 'What remains')")
 
     def _check_graphs(self) -> None:

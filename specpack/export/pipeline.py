@@ -4,13 +4,17 @@
       -> plain graphs (export/, torch, one process each)          work/{draft,target}.onnx
          or onnxruntime-genai's model builder (--graphs builder)  work/{draft,target}-builder/model.onnx
          (which quantizes as it builds: --quantize-* int4 / int8)
+         (--max-batch B: each model's batched static form too)    work/{draft,target}-batched.onnx
       -> quantize (quantize/, per model's mode: weight-only,      work/{draft,target}.{int4,int8,gguf}.onnx
          or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
+         (a batched form: the same quantized weights, its tensors  work/{draft,target}-batched.{mode}.onnx
+         that equal the batch-1 graph's read from that one's data file: quantize/stage.py, quantize_graph_pair)
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
       -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (export/writer.py, the schema in contract/)
          (--max-tree-nodes T: the target's tree form + the tree head, and kv_compact.onnx; docs/trees.md)
-      -> (--max-batch B) each model's batched static form + its batched head: verify_batched.onnx (the batched
-         verify head), draft_batched.onnx (the greedy head); docs/batching.md
+      -> (--max-batch B) each model's batched (quantized) form + its batched head: verify_batched.onnx (the batched
+         verify head), draft_batched.onnx (the greedy head); a quantized one shares verify.onnx.data /
+         draft_step.onnx.data (docs/batching.md)
 
 Each stage is a function returning a frozen record (export/stages.py: Sources, PlainGraphs, QuantizedGraphs,
 AttachedGraphs) that the next stage reads; none is changed after it is returned. The work of each runs in its own
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -77,7 +81,7 @@ def export_pack(draft_src: str | None, target_src: str, out: Path, config: Expor
         tokenizer = write_tokenizer(sources.target.model_dir, staging)
         quantized = measured_graphs(sources, quantized, tokenizer, staging, config)
         attached = attached_graphs(sources, quantized, staging, config)
-        attached = batched_graphs(sources, attached, work, staging, config)
+        attached = batched_graphs(sources, quantized, attached, staging, config)
         shutil.rmtree(work)
         write_pack_manifest(staging, config=config, sources=sources, graphs=attached, tokenizer=tokenizer)
         publish(staging, out, config.overwrite)
@@ -157,7 +161,13 @@ def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGra
             _run_stage(_export_plain, config.isolate, model_dir, path, config.dtype, model.form,
                        sources.taps if role == "target" else (), config.max_tree_nodes if role == "target" else 0)
         graphs[role] = Graph(path)
-    return PlainGraphs(graphs)
+    batched: dict[Role, Graph] = {}
+    for model in sources.models if config.max_batch else ():  # before quantizing: it is quantized with the graph
+        path = work / f"{model.role}-batched.onnx"
+        with phase(f"exporting the {model.role}'s batched form (--max-batch)", _log):
+            _run_stage(_export_batched_plain, config.isolate, model.model_dir, path)
+        batched[model.role] = Graph(path)
+    return PlainGraphs(graphs, batched)
 
 
 def quantized_graphs(sources: Sources, plain: PlainGraphs, work: Path, config: ExportConfig) -> QuantizedGraphs:
@@ -165,6 +175,7 @@ def quantized_graphs(sources: Sources, plain: PlainGraphs, work: Path, config: E
     calibrated Q/DQ from --calib-prompts (calibration/); a graph the builder quantized, or one left unquantized,
     is its plain graph."""
     graphs: dict[Role, Graph] = {}
+    batched: dict[Role, Graph] = dict(plain.batched)
     for model in sources.models:
         role, method, graph = model.role, model.method, plain.graphs[model.role]
         if method == modes.NONE or graph.quantization is not None:
@@ -173,13 +184,19 @@ def quantized_graphs(sources: Sources, plain: PlainGraphs, work: Path, config: E
         path = work / f"{role}.{method}.onnx"
         from_gguf = model.src.lower().endswith(".gguf") and method in (modes.GGUF, modes.INT4)
         gguf = Path(model.src).expanduser() if from_gguf else None  # int4: its Q4_K blocks are fit, not searched
-        with phase(f"quantizing the {role} ({method})", _log):
-            if method in modes.CALIBRATED:
+        with phase(f"quantizing the {role} ({method})" + (" and its batched form" if role in batched else ""), _log):
+            if method in modes.CALIBRATED:  # refused with --max-batch (config.py)
                 record = _run_stage(_calibrate, config.isolate, graph.path, path, method, model.model_dir, config)
+            elif role in batched:  # one process: the batched form takes the batch-1 graph's quantized weights
+                batched_path = work / f"{role}-batched.{method}.onnx"
+                record, batched_record = _run_stage(_quantize_pair, config.isolate, graph.path, path,
+                                                    batched[role].path, batched_path, method, gguf)
+                _remove_graph(batched[role].path)  # the unquantized batched form
+                batched[role] = Graph(batched_path, batched_record)
             else:
                 record = _run_stage(_quantize, config.isolate, graph.path, path, method, gguf)
         graphs[role] = Graph(path, record)
-    return QuantizedGraphs(plain, graphs)
+    return QuantizedGraphs(plain, graphs, batched)
 
 
 def measured_graphs(sources: Sources, quantized: QuantizedGraphs, tokenizer: TokenizerRecord, pack_dir: Path,
@@ -237,35 +254,54 @@ def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path
                           head_file=head_file)
 
 
-def batched_graphs(sources: Sources, attached: AttachedGraphs, work: Path, pack_dir: Path,
+def batched_graphs(sources: Sources, quantized: QuantizedGraphs, attached: AttachedGraphs, pack_dir: Path,
                    config: ExportConfig) -> AttachedGraphs:
-    """Stage 5 (--max-batch): each model in the batched static form (export/batched_export.py, its own process) with
-    its batched head (graphs/attach.py): the target's verify head, the draft's greedy head."""
+    """Stage 5 (--max-batch): each model's batched form (stage 1, quantized in stage 2 with the batch-1 graph's
+    weights) with its batched head (graphs/attach.py): the target's verify head, the draft's greedy head. A quantized
+    form's tensors that equal the batch-1 graph's stay in that graph's data file, already in the pack (stage 4):
+    verify.onnx.data / draft_step.onnx.data, read by both graphs; the rest moves to its own data file."""
     if not config.max_batch:
         return attached
     from specpack.names import BATCHED_FILES
 
-    quantized = [m.role for m in sources.models if m.method != modes.NONE]
-    if quantized:  # the batched form is exported from the unquantized model: it would not be the pack's model
-        raise SpecpackError("--max-batch needs unquantized models", expected="--quantize-* none",
-                            found=f"{', '.join(quantized)} quantized (a .gguf source is, unless --dequantize)",
-                            hint="docs/batching.md, 'What remains'")
     files: dict[Role, str] = {}
+    records: dict[Role, dict[str, Any]] = {}
     for model in sources.models:
-        plain, graph_file = work / f"{model.role}-batched.onnx", BATCHED_FILES[model.role]
-        with phase(f"exporting the {model.role}'s batched form and head ({graph_file})", _log):
-            _run_stage(_export_batched, config.isolate, model.model_dir, plain, pack_dir / graph_file, model.role,
-                       sources.vocab_size)
-        files[model.role] = graph_file
-    return replace(attached, batched=files)
+        role, graph, graph_file = model.role, quantized.batched[model.role], BATCHED_FILES[model.role]
+        in_pack: dict[str, str] = {}
+        if graph.quantization is not None:  # the batch-1 graph's data file: its work name -> its pack name (attach.py)
+            in_pack = {f"{quantized.graphs[role].path.name}.data": f"{attached.files[role]}.data"}
+            records[role] = _batched_record(graph.quantization, attached.files[role])
+        with phase(f"attaching the {role}'s batched head ({graph_file})", _log):
+            _run_stage(_attach_batched, config.isolate, graph.path, pack_dir / graph_file, role, sources.vocab_size,
+                       in_pack)
+        files[role] = graph_file
+    return replace(attached, batched=files, batched_quantization=records)
 
 
-def _export_batched(model_dir: Path, plain: Path, out: Path, role: str, vocab_size: int) -> None:
+def _batched_record(record: Mapping[str, Any], graph_file: str) -> dict[str, Any]:
+    """The manifest's record of a quantized batched graph: its mode as the model's (the per-tensor list is the
+    model's), and what it shares with the batch-1 graph (`graph_file`): weights reused, tensors read from that
+    graph's data file. `same_weights`: every quantized weight is the batch-1 graph's."""
+    shared = dict(record.get("shared") or {})
+    same = shared.get("weights_reused", 0) == shared.get("weights_quantized", -1)
+    return {**{k: v for k, v in record.items() if k not in ("tensors", "shared", "seconds")},
+            "shared": {**shared, "graph": graph_file, "data_file": f"{graph_file}.data"}, "same_weights": same}
+
+
+def _export_batched_plain(model_dir: Path, plain: Path) -> None:
     from specpack.export.batched_export import export_batched_graph
-    from specpack.graphs.attach import build_batched_greedy_graph, build_batched_verify_graph
 
     export_batched_graph(model_dir, plain)
-    (build_batched_verify_graph if role == "target" else build_batched_greedy_graph)(plain, out, vocab_size)
+
+
+def _attach_batched(plain: Path, out: Path, role: str, vocab_size: int, in_pack: dict[str, str]) -> None:
+    from specpack.graphs.attach import build_batched_greedy_graph, build_batched_verify_graph
+
+    if role == "target":
+        build_batched_verify_graph(plain, out, vocab_size, in_pack=in_pack)
+    else:
+        build_batched_greedy_graph(plain, out, vocab_size, in_pack=in_pack)
 
 
 def _check_draft_source(draft_src: str | None, config: ExportConfig) -> None:
@@ -324,6 +360,15 @@ def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[st
     from specpack.quantize.stage import quantize_plain_graph
 
     return quantize_plain_graph(plain, out, method, gguf)
+
+
+def _quantize_pair(plain: Path, out: Path, batched_plain: Path, batched_out: Path, method: str,
+                   gguf: Path | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stage 2 of a model with a batched form: both quantized in one process, the batched form with the batch-1
+    graph's weights (quantize/stage.py, quantize_graph_pair); both manifest records."""
+    from specpack.quantize.stage import quantize_graph_pair
+
+    return quantize_graph_pair(plain, out, batched_plain, batched_out, method, gguf)
 
 
 def _calibrate(plain: Path, out: Path, method: str, model_dir: Path, config: ExportConfig) -> dict[str, Any]:

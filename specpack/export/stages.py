@@ -3,10 +3,13 @@ is returned (a later stage that adds to a record returns a new one). The pack wr
 
     Sources          the models as resolved: source, model directory, config, graph form, quantization mode;
                      the vocabulary, max_len and a draft head's record
-    PlainGraphs      one plain graph per model (work/); a builder graph may already be quantized
+    PlainGraphs      one plain graph per model (work/); a builder graph may already be quantized; with --max-batch
+                     each model's batched form too
     QuantizedGraphs  the graph each model's head is attached to (the plain one, or its quantized form), with the
-                     quantize stage's manifest record, fidelity measures added by that stage
-    AttachedGraphs   the pack's graphs (draft_step.onnx, verify.onnx, head_step.onnx) and each model's record
+                     quantize stage's manifest record, fidelity measures added by that stage; the same for the
+                     batched forms (their weights the batch-1 graph's: quantize/stage.py, quantize_graph_pair)
+    AttachedGraphs   the pack's graphs (draft_step.onnx, verify.onnx, head_step.onnx, the batched graphs) and each
+                     model's record
 
 Records are keyed by role ("draft", "target"), draft first; an n-gram or head pack has no draft.
 """
@@ -84,6 +87,7 @@ class PlainGraphs:
     """Stage 1: each model's plain forward graph (export/ contract)."""
 
     graphs: Mapping[Role, Graph]
+    batched: Mapping[Role, Graph] = field(default_factory=dict)  # --max-batch: the batched static form (work/)
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class QuantizedGraphs:
 
     plain: PlainGraphs
     graphs: Mapping[Role, Graph]
+    batched: Mapping[Role, Graph] = field(default_factory=dict)  # --max-batch: each batched form, quantized like `graphs`
 
     @property
     def quantized(self) -> dict[Role, QuantizationRecord]:
@@ -106,3 +111,4 @@ class AttachedGraphs:
     quantization: Mapping[Role, QuantizationRecord | None]
     head_file: str | None = None                             # head_step.onnx of a head pack
     batched: Mapping[Role, str] = field(default_factory=dict)  # --max-batch: verify_batched.onnx, draft_batched.onnx
+    batched_quantization: Mapping[Role, QuantizationRecord] = field(default_factory=dict)  # quantized ones' records

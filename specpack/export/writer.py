@@ -54,7 +54,8 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
     models = {model.role: _model_entry(pack_dir, graphs.files[model.role], model, config.dtype,
                                        graphs.quantization.get(model.role), graph_record,
                                        config.max_tree_nodes if model.role == "target" else 0,
-                                       _batched(pack_dir, graphs.batched.get(model.role), model.role, config.max_batch))
+                                       _batched(pack_dir, graphs.batched.get(model.role), model.role, config.max_batch,
+                                                graphs.batched_quantization.get(model.role)))
               for model in sources.models}
     head = sources.head
     return Manifest(
@@ -101,8 +102,10 @@ def _head_form(kv_cache: str) -> GraphForm:
     return GraphForm(kv_cache, "standard", "onnxruntime")
 
 
-def _batched(pack_dir: Path, graph_file: str | None, role: str, max_batch: int) -> dict[str, Any] | None:
-    """The model entry's `batched` record (contract BatchedForm) of its batched graph, if the export wrote one."""
+def _batched(pack_dir: Path, graph_file: str | None, role: str, max_batch: int,
+             quantization: QuantizationRecord | None = None) -> dict[str, Any] | None:
+    """The model entry's `batched` record (contract BatchedForm) of its batched graph, if the export wrote one;
+    `quantization`: a quantized one's record (pipeline.py, _batched_record)."""
     from specpack import names
     from specpack.export.graph_form import GraphForm
 
@@ -110,7 +113,8 @@ def _batched(pack_dir: Path, graph_file: str | None, role: str, max_batch: int) 
         return None
     head, inputs = ("verify", [names.DRAFT_COUNTS, names.TOKEN_COUNTS]) if role == "target" else ("greedy", [])
     return {"max_batch": max_batch, "head": head, "inputs": inputs,
-            "graph": graph_entry(pack_dir, graph_file, GraphForm("static", "standard", "onnxruntime"))}
+            "graph": graph_entry(pack_dir, graph_file, GraphForm("static", "standard", "onnxruntime")),
+            "quantization": None if quantization is None else dict(quantization)}
 
 
 def _model_entry(pack_dir: Path, graph_file: str, model: Model, dtype: str, quantization: QuantizationRecord | None,

@@ -2,7 +2,9 @@
 
 One order for every edit (onnx-graphsurgeon's): import -> edit -> cleanup -> toposort -> export.
 The plain graph is loaded without its weights (it may be far over 2 GB); its one external-data file is
-moved, not copied, next to the new graph, so the pack holds each model's weights once.
+moved, not copied, next to the new graph, so the pack holds each model's weights once. A quantized batched graph
+(docs/batching.md) also reads the batch-1 graph's data file, already in the pack (`in_pack`: its name in the work
+folder -> its name in the pack): those tensors are pointed there, only its own file moves.
 
 The head reads the last `rows` positions only (draft: 1, verify: k + 1), so the lm_head computes only those:
 its hidden-state input is sliced (prune_logits.py). A graph whose lm_head is not recognized still gets a
@@ -15,7 +17,7 @@ import errno
 import os
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from functools import partial
 from pathlib import Path
 
@@ -64,16 +66,21 @@ def build_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads:
     _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, verify_head_io(vocab_size))
 
 
-def build_batched_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads: str = "onnxruntime") -> None:
+def build_batched_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, heads: str = "onnxruntime", *,
+                               in_pack: Mapping[str, str] | None = None) -> None:
     """The batched verify graph (docs/batching.md): the batched static form (export/batched_export.py) + the batched
-    verify head (batched_head.py), its lm_head computing K + 1 rows per batch row."""
+    verify head (batched_head.py), its lm_head computing K + 1 rows per batch row. `in_pack`: data files it shares
+    with the batch-1 graph (module docstring)."""
     add_head = partial(add_batched_verify_head, transform=TRANSFORMS[heads])
-    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, batched_verify_head_io(vocab_size))
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, batched_verify_head_io(vocab_size),
+            in_pack=in_pack or {})
 
 
-def build_batched_greedy_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int) -> None:
+def build_batched_greedy_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, *,
+                               in_pack: Mapping[str, str] | None = None) -> None:
     """The batched static form + the batched greedy head (`best` [B, S]): the batched greedy draft's graph."""
-    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_batched_greedy_head, batched_greedy_head_io())
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_batched_greedy_head, batched_greedy_head_io(),
+            in_pack=in_pack or {})
 
 
 def build_tree_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, max_nodes: int) -> None:
@@ -90,8 +97,9 @@ def build_draft_step_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, he
 
 
 def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: HeadIO,
-            shared: frozenset[str] | set[str] = frozenset()) -> None:
-    """`shared`: head inputs the plain graph must already have (the tree's parents), read by both."""
+            shared: frozenset[str] | set[str] = frozenset(), in_pack: Mapping[str, str] | None = None) -> None:
+    """`shared`: head inputs the plain graph must already have (the tree's parents), read by both. `in_pack`:
+    external-data files already in the pack (module docstring)."""
     # import
     model = onnx.load(str(plain), load_external_data=False)
     graph = model.graph
@@ -125,7 +133,7 @@ def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: Head
     del graph.output[:]
     graph.output.extend([*io.outputs, *kept])
     # export
-    data_file = _relocate_external_data(model, plain, out)
+    data_file = _relocate_external_data(model, plain, out, in_pack or {})
     out.parent.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(out))
     if data_file is not None:
@@ -209,9 +217,21 @@ def _tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
                 yield from _tensors(sub)
 
 
-def _relocate_external_data(model: onnx.ModelProto, plain: Path, out: Path) -> tuple[Path, Path] | None:
-    """Point every external tensor at `<out.name>.data` next to `out`; returns (from, to) for the move."""
+def _relocate_external_data(model: onnx.ModelProto, plain: Path, out: Path,
+                            in_pack: Mapping[str, str]) -> tuple[Path, Path] | None:
+    """Point every external tensor at `<out.name>.data` next to `out`, or, where it names a file of `in_pack`, at
+    that file's name in the pack (it must be there already); returns (from, to) for the move of its own file."""
     external = [t for t in _tensors(model.graph) if t.data_location == TensorProto.EXTERNAL]
+    for tensor in external:
+        for entry in tensor.external_data:
+            if entry.key == "location" and entry.value in in_pack:
+                entry.value = in_pack[entry.value]
+                if not (out.parent / entry.value).is_file():
+                    raise SpecpackError(f"{plain}: a shared external-data file is not in the pack",
+                                        expected=str(out.parent / entry.value), found="no such file",
+                                        hint="attach the graph it belongs to first")
+    external = [t for t in external if not any(e.key == "location" and e.value in set(in_pack.values())
+                                               for e in t.external_data)]
     locations = {e.value for t in external for e in t.external_data if e.key == "location"}
     if not locations:
         return None

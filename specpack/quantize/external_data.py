@@ -4,10 +4,17 @@ Used by the quantize stage: the new graph's tensors (quantized weights, and ever
 the old data file) are appended to `<out.name>.data` as they are made, so only one weight is in memory at
 a time. Offsets are aligned to 4 KiB, so ONNX Runtime can memory-map each tensor instead of reading it.
 Tensors under 1 KiB stay inline (ONNX Runtime's shape inference reads small constants).
+
+Two graphs of one model (verify.onnx and verify_batched.onnx: docs/batching.md) can share one data file: the first
+graph's writer records each tensor it writes by the sha256 of its bytes (a `SharedData`), and the second graph's
+writer, given the same record, points an equal tensor at the first file's bytes (same location, offset and length)
+instead of writing it again; what the first file lacks goes into the second graph's own file.
 """
 
 from __future__ import annotations
 
+import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
@@ -19,14 +26,28 @@ ALIGN = 4096
 INLINE_BYTES = 1024
 
 
-class DataFileWriter:
-    """Appends tensor bytes to `<onnx_path.name>.data`; `tensor()` returns the TensorProto that points there."""
+@dataclass
+class SharedData:
+    """The data file one graph wrote, indexed by content, for another graph of the same model written beside it."""
 
-    def __init__(self, onnx_path: Path) -> None:
+    location: str | None = None                    # the first writer's file (relative to both graphs' folder)
+    offsets: dict[str, tuple[int, int]] = field(default_factory=dict)  # sha256 of a tensor's bytes -> offset, length
+    reused: int = 0                                # tensors a later writer pointed at `location`
+    reused_bytes: int = 0
+
+
+class DataFileWriter:
+    """Appends tensor bytes to `<onnx_path.name>.data`; `tensor()` returns the TensorProto that points there.
+    `shared`: the first writer given it records what it writes; a later one points an equal tensor there."""
+
+    def __init__(self, onnx_path: Path, shared: SharedData | None = None) -> None:
         self.location = f"{Path(onnx_path).name}.data"
         self.path = Path(onnx_path).with_name(self.location)
         self.path.unlink(missing_ok=True)
         self._file: BinaryIO = open(self.path, "wb")  # noqa: SIM115 (closed in close())
+        self.shared = shared
+        if shared is not None and shared.location is None:
+            shared.location = self.location
 
     def tensor(self, name: str, array: np.ndarray) -> TensorProto:
         """A TensorProto named `name` with `array`'s values: inline when small, else appended to the file."""
@@ -46,11 +67,20 @@ class DataFileWriter:
         return out
 
     def _append(self, proto: TensorProto, data: bytes | memoryview) -> None:
-        offset = -(-self._file.tell() // ALIGN) * ALIGN
-        self._file.seek(offset)
-        self._file.write(data)
+        shared, location = self.shared, self.location
+        digest = None if shared is None else hashlib.sha256(data).hexdigest()
+        if shared is not None and digest is not None and shared.location != location and digest in shared.offsets:
+            location = shared.location or location  # the first graph's bytes, equal to these: nothing written
+            offset, _ = shared.offsets[digest]
+            shared.reused, shared.reused_bytes = shared.reused + 1, shared.reused_bytes + len(data)
+        else:
+            offset = -(-self._file.tell() // ALIGN) * ALIGN
+            self._file.seek(offset)
+            self._file.write(data)
+            if shared is not None and digest is not None and shared.location == location:
+                shared.offsets.setdefault(digest, (offset, len(data)))
         proto.data_location = TensorProto.EXTERNAL
-        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(len(data)))):
+        for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(data)))):
             proto.external_data.add(key=key, value=value)
 
     def close(self) -> None:

@@ -13,15 +13,25 @@ Sources:
 
 It works on any plain graph (concat or static KV cache, fp32 or fp16): it touches only MatMuls with a
 constant 2-D weight and Gathers of a constant table by input_ids (sites.py), one weight in memory at a time.
+
+Two graphs of one model (spec-export --max-batch: the batch-1 graph and its batched form, docs/batching.md) go
+through quantize_graph_pair: the first is quantized as above; each weight of the second whose values equal one of
+the first's takes the first's blocks (no second search or fit), and every tensor of the second whose bytes equal
+one the first wrote points into the first's data file (external_data.SharedData): the same quantized weights,
+bit for bit, stored once.
+
+    plain.onnx ─── quantize ──> plain.<mode>.onnx + plain.<mode>.onnx.data <───────────┐ equal tensors point here
+    batched.onnx ─ quantize (choices by weight hash) ─> batched.<mode>.onnx + its own .data (what is not equal)
 """
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +42,7 @@ from specpack import names
 from specpack.errors import SpecpackError
 from specpack.graphs.prune_logits import LmHead, find_lm_head
 from specpack.quantize import modes
-from specpack.quantize.external_data import DataFileWriter, stored_bytes
+from specpack.quantize.external_data import DataFileWriter, SharedData, stored_bytes
 from specpack.quantize.nbits import BlockQuant, from_values, quantize_kquant, quantize_rtn
 from specpack.quantize.rewrite import MS_DOMAIN, GraphEdit, float_type_of
 from specpack.quantize.sites import Site, WeightReader, find_sites
@@ -49,11 +59,35 @@ class Choice:
     record: dict[str, Any]
 
 
+WeightKey = tuple[str, bool, int, tuple[int, ...], str]  # site kind, lm_head, data type, dims, sha256 of the bytes
+
+
+@dataclass
+class SharedWeights:
+    """What a model's first quantized graph hands its second (quantize_graph_pair): each weight's Choice by the hash
+    of its stored values, and the first graph's data file indexed by content."""
+
+    choices: dict[WeightKey, Choice] = field(default_factory=dict)
+    data: SharedData = field(default_factory=SharedData)
+    first_done: bool = False
+
+
+def quantize_graph_pair(plain: Path, out: Path, batched_plain: Path, batched_out: Path, method: str,
+                        gguf_path: Path | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """`plain` quantized to `out`, then `batched_plain` (the same model's batched form) to `batched_out` with the same
+    quantized weights, tensors equal to `out`'s pointing into out's data file; returns both manifest records (the
+    second's `shared` says what it took from the first)."""
+    shared = SharedWeights()
+    record = quantize_plain_graph(plain, out, method, gguf_path, shared=shared)
+    shared.first_done = True
+    return record, quantize_plain_graph(batched_plain, batched_out, method, gguf_path, shared=shared)
+
+
 def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | None = None,
-                         spec: modes.WeightOnlySpec | None = None) -> dict[str, Any]:
+                         spec: modes.WeightOnlySpec | None = None, shared: SharedWeights | None = None) -> dict[str, Any]:
     """Write the `method` ("int4" | "int8" | "gguf") form of `plain` to `out`; returns its manifest record.
     `gguf_path`: the GGUF file `plain` was exported from (gguf: needed; int4: its Q4_K blocks are fit, not
-    searched). `spec` overrides the mode's settings (modes.SPECS)."""
+    searched). `spec` overrides the mode's settings (modes.SPECS). `shared`: see quantize_graph_pair."""
     plain, out = Path(plain), Path(out)
     spec = spec or modes.SPECS[method]
     if method == modes.GGUF and gguf_path is None:
@@ -69,8 +103,9 @@ def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | 
     tied = {s.tensor for s in sites if s.kind == "tied"}
     lm_head = find_lm_head(graph)
     lm_head_node = lm_head.index if isinstance(lm_head, LmHead) else None
-    writer = DataFileWriter(out)
+    writer = DataFileWriter(out, None if shared is None else shared.data)
     edit = GraphEdit(graph, writer, float_type_of(graph))
+    reused = quantized = 0
     replaced: dict[int, list[onnx.NodeProto]] = {}
     dropped: set[int] = set()
     removed: set[str] = set()
@@ -89,10 +124,19 @@ def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | 
                                 "block_size": bq.block_size})
                 continue
             weight = site.weight_of(reader.read(inits[site.tensor]))  # [K, N]
-            choice = source.choose(site, weight, is_lm_head=site.node == lm_head_node or site.tensor in tied)
+            is_lm_head = site.node == lm_head_node or site.tensor in tied
+            key = None if shared is None else _weight_key(site, is_lm_head, inits[site.tensor], reader)
+            choice = None if shared is None or key is None else shared.choices.get(key)
+            if choice is not None:
+                reused += choice.quant is not None
+            else:
+                choice = source.choose(site, weight, is_lm_head=is_lm_head)
+                if shared is not None and key is not None and not shared.first_done:
+                    shared.choices[key] = choice
             records.append({**_describe(site), **choice.record})
             if choice.quant is None:
                 continue
+            quantized += 1
             if site.kind == "embedding":
                 replaced[site.node], packed = edit.embedding(site, choice.quant, shared=site.tensor in tied)
                 packed_tables[site.tensor] = (packed, choice.quant)
@@ -110,9 +154,22 @@ def quantize_plain_graph(plain: Path, out: Path, method: str, gguf_path: Path | 
               "bytes_before": before, "bytes_after": after, "seconds": round(time.perf_counter() - start, 1)}
     if not isinstance(source, _RtnSource):
         record["gguf"] = str(gguf_path)
+    if shared is not None and shared.first_done:  # what this graph took from its model's first graph
+        record["shared"] = {"weights_reused": reused, "weights_quantized": quantized,
+                            "tensors_shared": shared.data.reused, "bytes_shared": shared.data.reused_bytes}
     _log(f"quantized {plain.name} ({method}): {before / 2**20:.0f} -> {after / 2**20:.0f} MiB, "
          + ", ".join(f"{n} {path}" for path, n in summarize(records).items()))
     return record
+
+
+def _weight_key(site: Site, is_lm_head: bool, tensor: onnx.TensorProto, reader: WeightReader) -> WeightKey | None:
+    """A weight's identity across graphs: its site's kind, whether it is an lm_head, and its stored bytes (None for
+    a tensor not stored as raw bytes: it is quantized again)."""
+    data = reader.raw_bytes(tensor)
+    if not len(data):
+        return None
+    digest = hashlib.sha256(data).hexdigest()
+    return site.kind, is_lm_head, tensor.data_type, tuple(tensor.dims), digest
 
 
 def summarize(records: list[dict[str, Any]]) -> dict[str, int]:

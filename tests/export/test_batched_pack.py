@@ -1,5 +1,6 @@
 """spec-export --max-batch: the forms it is refused for (expected / found / hint), its range, and the CLI flag reaching
-ExportConfig. The pack it writes is tested end to end in tests/runtime/test_batched_sampling.py (slow: it exports)."""
+ExportConfig. The pack it writes is tested end to end in tests/runtime/test_batched_sampling.py and, quantized,
+tests/runtime/test_batched_quantized.py (slow: they export)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from specpack.export.config import ExportConfig
     ({"graphs": "builder"}, "--graphs builder"),
     ({"dtype": "fp16"}, "--dtype fp16"),
     ({"kv_cache": "static", "max_tree_nodes": 8}, "--max-tree-nodes"),
-    ({"quantize_target": "int4"}, "--quantize-*"),
+    ({"quantize_target": "fp8"}, "--quantize-* int8-sq / fp8"),  # weight-only modes are exported (int4, int8, gguf)
 ])
 def test_max_batch_refused_for_other_forms(options: dict[str, object], found: str) -> None:
     with pytest.raises(SpecpackError, match="--max-batch cannot be exported") as err:
@@ -29,7 +30,13 @@ def test_max_batch_out_of_range(batch: object) -> None:
         ExportConfig(max_batch=batch)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("method", ["int4", "int8", "gguf"])
+def test_weight_only_quantization_is_exported_batched(method: str) -> None:
+    config = ExportConfig(max_batch=4, quantize_draft=method, quantize_target=method)
+    assert config.max_batch == 4
+
+
 def test_the_cli_flag_reaches_the_config() -> None:
     result = CliRunner().invoke(spec_export, ["--target", "nowhere", "--drafter", "ngram", "-o", "out",
-                                              "--max-batch", "4", "--quantize-target", "int4"])
-    assert result.exit_code == 2 and "--max-batch cannot be exported with --quantize-*" in result.output
+                                              "--max-batch", "4", "--quantize-target", "int8-sq"])
+    assert result.exit_code == 2 and "--max-batch cannot be exported with --quantize-* int8-sq / fp8" in result.output
