@@ -12,11 +12,11 @@ export PYTHONPATH=/tmp/site:/tmp/repo
 python3 -c 'import onnxruntime as o, torch; print(o.__version__, o.get_available_providers(), torch.cuda.get_device_name())'
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 if [ "${GPU_TESTS:-0}" = 1 ]; then
-  nohup python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1 &
+  setsid nohup python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1 < /dev/null &
 fi
-nohup python3 bench/gpu_head.py --work /tmp/gw --target-gguf "$gguf" \
+setsid nohup python3 bench/gpu_head.py --work /tmp/gw --target-gguf "$gguf" \
   --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" "$prompts/spec_bench_question.jsonl" \
   --json /tmp/gw/out.json --train-minutes "${TRAIN_MINUTES:-6}" --graphs "${GRAPHS:-builder}" \
   --tree-graphs "${TREE_GRAPHS:-builder}" --phases "${PHASES:-card,train,export,decode,genai}" \
-  ${DATA:+--data "$DATA"} > /tmp/gw/log 2>&1 &
+  ${DATA:+--data "$DATA"} > /tmp/gw/log 2>&1 < /dev/null &
 sleep 5; tail -5 /tmp/gw/log
