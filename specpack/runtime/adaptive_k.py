@@ -32,8 +32,10 @@ PriorCosts replaces the measurements by fixed relative costs where the k schedul
 clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
 deterministic: tests feed a fake clock.
 
-A step right after a k = 0 step gives no per-draft sample (its V(k) sample is kept): the model drafter first
-catches up on the tokens committed without it, which is no draft's cost (on a GPU a catch-up longer than
+A step right after a k = 0 step, and a request's first step, give no per-draft sample (their V(k) samples are
+kept): the model drafter first catches up on the tokens committed without it, and a head drafter's first proposal
+reads the whole prompt's features, which is no draft's cost (counted, the head's first catch-up made k = 0 win on
+an H200, and the probes, all after k = 0 steps, never corrected d: bench/README.md, "Run E") (on a GPU a catch-up longer than
 k_max + 1 tokens was a run outside the captured graphs, several target steps: counted as d, it kept k at 0,
 bench/README.md, "Drafters on the GPU").
 
@@ -161,7 +163,9 @@ class MeasuredCosts:
         return bool(self.rest[k]) or self.earlier[k] is not None
 
     def any_measured(self) -> bool:
-        return any(self.measured(k) for k in range(len(self.rest)))
+        """Whether ks can be compared: some V(k) and the per-draft cost d measured (now or in earlier requests)."""
+        drafts_timed = bool(self.per_draft) or self.earlier_draft is not None
+        return drafts_timed and any(self.measured(k) for k in range(len(self.rest)))
 
     def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
         self.rest[k].append(max(elapsed_s - draft_s, 0.0))
@@ -257,7 +261,9 @@ class AdaptiveK:
         self._drafting = 0                  # steps at a k >= 1 by choice
         self._verified = 0                  # steps that verified drafts
         self._above = True                  # the next neighbour explored is best + 1
-        self._after_idle = False            # the last step had k = 0: the next drafts start with a catch-up
+        # the next drafts start with a catch-up: after a k = 0 step, and at a request's first step (a head drafter
+        # reads the whole prompt's features then: one uncaptured run, several target steps on a GPU)
+        self._after_idle = True
 
     @property
     def k_max(self) -> int:
