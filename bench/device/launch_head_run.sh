@@ -11,6 +11,7 @@ rm -rf /tmp/repo && mkdir -p /tmp/repo /tmp/gw && cp -r . /tmp/repo/ && cd /tmp/
 export PYTHONPATH=/tmp/site:/tmp/repo
 python3 -c 'import onnxruntime as o, torch; print(o.__version__, o.get_available_providers(), torch.cuda.get_device_name())'
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
+# GPU_TESTS=1 shares the card with the benchmark: its timings are then worthless (bench/README.md, "Run E")
 if [ "${GPU_TESTS:-0}" = 1 ]; then
   setsid nohup python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1 < /dev/null &
 fi

@@ -22,7 +22,10 @@ ort = pytest.importorskip("onnxruntime")
 pytestmark = [pytest.mark.gpu, needs_builder,
               pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
                                  reason="needs ONNX Runtime's CUDA execution provider and a GPU")]
-FP16_TOL = 1e-2  # fp16 logits of the tiny model (|logit| < 10), two attention kernels
+# 4 fp16 ulps at the tiny model's logits (|logit| < 16: spacing 2^-7 from 8 on): two attention kernels (the fused
+# one, the bias path) round differently in each of 3 layers. Was 1e-2, below 2 ulps there: an H200 measured 1.73e-2
+# (2.2 ulps) on 2026-11-28 (bench/results/gpu_tests_h200_run_e.txt)
+FP16_TOL = 4 * float(np.spacing(np.float16(8)))
 
 
 @pytest.fixture(scope="module")
@@ -43,4 +46,4 @@ def test_tree_rows_on_cuda_equal_each_root_path_alone(plain: Path, tmp_path: Pat
         broken = worst_tree_row(Runner(tree_form(plain, tmp_path / f"m{slot}", _drop(slot)), cuda, np.float16),
                                 Runner(plain, cuda, np.float16), exact_prefill=False)
         print(f"without GQA input {slot}: max |diff| {broken:.2e}")
-        assert broken > 10 * FP16_TOL
+        assert broken > max(10 * worst, FP16_TOL)  # an order of magnitude beyond the honest form's rounding
