@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the device machine, after the last part is unpacked: copy this repository to /tmp/repo (later calls replace the
-# working tree) and start, in the background, the GPU tests (GPU_TESTS=1; log /tmp/gw/gputests.log) and
-# bench/gpu_head.py (log /tmp/gw/log, JSON /tmp/gw/out.json). Environment: PHASES, TRAIN_MINUTES, DATA, GRAPHS,
-# TREE_GRAPHS (gpu_head.py's options). Then poll with bench/device/poll_head_run.sh.
+# working tree) and start, in the background, bench/gpu_head.py (log /tmp/gw/log, JSON /tmp/gw/out.json), then, once
+# it has ended, the GPU tests (GPU_TESTS=1; log /tmp/gw/gputests.log): never beside the benchmark, whose timings the
+# tests' runs would spoil (bench/README.md, "Run E"). Environment: PHASES, TRAIN_MINUTES, DATA, GRAPHS, TREE_GRAPHS
+# (gpu_head.py's options). Then poll with bench/device/poll_head_run.sh.
 set -euo pipefail
 files=/tmp/stage/files
 gguf=$(find "$files" -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)
@@ -11,13 +12,12 @@ rm -rf /tmp/repo && mkdir -p /tmp/repo /tmp/gw && cp -r . /tmp/repo/ && cd /tmp/
 export PYTHONPATH=/tmp/site:/tmp/repo
 python3 -c 'import onnxruntime as o, torch; print(o.__version__, o.get_available_providers(), torch.cuda.get_device_name())'
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
-# GPU_TESTS=1 shares the card with the benchmark: its timings are then worthless (bench/README.md, "Run E")
-if [ "${GPU_TESTS:-0}" = 1 ]; then
-  setsid nohup python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1 < /dev/null &
-fi
-setsid nohup python3 bench/gpu_head.py --work /tmp/gw --target-gguf "$gguf" \
-  --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" "$prompts/spec_bench_question.jsonl" \
-  --json /tmp/gw/out.json --train-minutes "${TRAIN_MINUTES:-6}" --graphs "${GRAPHS:-builder}" \
-  --tree-graphs "${TREE_GRAPHS:-builder}" --phases "${PHASES:-card,train,export,decode,genai}" \
-  ${DATA:+--data "$DATA"} > /tmp/gw/log 2>&1 < /dev/null &
+head_run=(python3 bench/gpu_head.py --work /tmp/gw --target-gguf "$gguf"
+  --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" "$prompts/spec_bench_question.jsonl"
+  --json /tmp/gw/out.json --train-minutes "${TRAIN_MINUTES:-6}" --graphs "${GRAPHS:-builder}"
+  --tree-graphs "${TREE_GRAPHS:-builder}" --phases "${PHASES:-card,train,export,decode,genai}" ${DATA:+--data "$DATA"})
+tests=true
+[ "${GPU_TESTS:-0}" = 1 ] && tests="python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1"
+# setsid: a device call kills its own session's processes when it returns
+setsid nohup bash -c "$(printf '%q ' "${head_run[@]}") > /tmp/gw/log 2>&1; $tests" < /dev/null > /dev/null 2>&1 &
 sleep 5; tail -5 /tmp/gw/log

@@ -2,7 +2,7 @@
 # On the device machine: wait $1 seconds (or until gpu_head.py ends), then show the logs' tails and copy the JSON
 # and the logs to $OUT (files back from a call: bench/device/launch_head_run.sh's outputs).
 wait_s=${1:-300}
-for _ in $(seq "$wait_s"); do pgrep -f bench/gpu_head.py > /dev/null || break; sleep 1; done
+for _ in $(seq "$wait_s"); do pgrep -f "bench/gpu_head.py|m pytest -q -m gpu" > /dev/null || break; sleep 1; done
 tail -n "${LINES_SHOWN:-25}" /tmp/gw/log
 [ -f /tmp/gw/gputests.log ] && tail -n 4 /tmp/gw/gputests.log
 pgrep -f bench/gpu_head.py > /dev/null && echo "gpu_head.py still running" || echo "gpu_head.py ended"
