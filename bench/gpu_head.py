@@ -15,9 +15,12 @@ decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
-keep    the trained head's files split into KEEP_CHUNK pieces under WORK/keep (with their sha256 in keep.json), for
-        `run` calls to bring back 4 at a time (files back: 8 of 16 MiB, 64 MiB a call); join them here with
-        `cat head.safetensors.* > head.safetensors` and check the sha256 in keep.json
+keep    the trained head's files and its training corpus (HEAD/ckpt/corpus.*) split into KEEP_CHUNK pieces under
+        WORK/keep (with their sha256 in keep.json), for `run` calls to bring back 4 at a time (files back: 8 of 16 MiB,
+        64 MiB a call); join them here with `cat head.safetensors.* > head.safetensors` and check the sha256 in
+        keep.json. `--corpus DIR` (a folder of the joined corpus.npz, corpus.json, corpus.key.json) lets a later
+        session train on that corpus without building it again (8 minutes on an H200 for run E's): its key (recipe,
+        data options, seed, target hash) must match, so pass the same --data
 trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, --tree-graphs, static, fp16): prompt
         lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR
 headtrees  a tree pack of the trained head (--draft-head, on --tree-graphs): the head's chains (k 2, adaptive) and
@@ -53,6 +56,7 @@ HEAD_TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("c
                                                            ("tree-4", None, 4), ("tree-8", None, 8),
                                                            ("tree-16", None, 16)]
 KEEP_CHUNK = 15 << 20
+CORPUS_FILES = ("corpus.npz", "corpus.json", "corpus.key.json")  # distill's saved corpus (specpack/distill/data.py)
 DISTILL = ["--device", "cuda", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
 
 
@@ -69,6 +73,10 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     work = Path(args.work)
     probe, head = work / "head-probe", work / "head"
+    if args.corpus:  # a corpus built by an earlier session: distill reads it when its key matches this run's
+        (probe / "ckpt").mkdir(parents=True, exist_ok=True)
+        for name in CORPUS_FILES:
+            shutil.copy(Path(args.corpus) / name, probe / "ckpt" / name)
     t0 = time.perf_counter()
     data = [*args.data.split(), "--batch", str(args.train_batch)]
     specpack("distill", "--target", args.target_gguf, "-o", str(probe), "--steps", "100000", "--stop-at",
@@ -80,7 +88,7 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
     steps = max(50, int(60 * args.train_minutes / per_step))
     log(f"probe: {time.perf_counter() - t0:.0f} s in all, {per_step * 1e3:.0f} ms a step -> {steps} steps")
     (head / "ckpt").mkdir(parents=True, exist_ok=True)
-    for name in ("corpus.npz", "corpus.json", "corpus.key.json"):
+    for name in CORPUS_FILES:
         shutil.copy(probe / "ckpt" / name, head / "ckpt" / name)
     t1 = time.perf_counter()
     specpack("distill", "--target", args.target_gguf, "-o", str(head), "--steps", str(steps), *DISTILL, *data)
@@ -166,14 +174,15 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 
 def phase_keep(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """The head's files in KEEP_CHUNK pieces (a device call brings back at most 64 MiB)."""
+    """The head's files and its corpus in KEEP_CHUNK pieces (a device call brings back at most 64 MiB)."""
     import hashlib
 
     head, keep = Path(args.work) / "head", Path(args.work) / "keep"
     keep.mkdir(exist_ok=True)
     record: dict[str, Any] = {}
-    for name in ("head.json", "head.safetensors"):
+    for name in ("head.json", "head.safetensors", *(f"ckpt/{n}" for n in CORPUS_FILES)):
         data = (head / name).read_bytes()
+        name = Path(name).name
         pieces = [data[i:i + KEEP_CHUNK] for i in range(0, len(data), KEEP_CHUNK)]
         for n, piece in enumerate(pieces):
             (keep / f"{name}.{n:02d}").write_bytes(piece)
@@ -319,6 +328,7 @@ def main() -> None:
                                           "--generation-batch 256",
                         help="the distill data options (the first runs: --self-prompts 512 --stdlib-tokens 2000000)")
     parser.add_argument("--graphs", choices=("torch", "builder"), default="torch", help="the head pack's target graph")
+    parser.add_argument("--corpus", help="a folder with an earlier run's corpus.npz / .json / .key.json (keep phase)")
     parser.add_argument("--train-batch", type=int, default=8, help="distill --batch (sequences of 512 tokens a step)")
     parser.add_argument("--tree-graphs", choices=("torch", "builder"), default="builder",
                         help="the tree packs' target graphs (torch: --attention gqa)")
