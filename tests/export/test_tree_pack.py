@@ -26,11 +26,10 @@ def test_tree_refused_for_other_forms(options: dict[str, str], found: str) -> No
     assert err.value.found == found and err.value.hint and "not built yet" in err.value.hint
 
 
-def test_head_trees_refused_on_builder_graphs(tmp_path: Path) -> None:
-    """A head's tree pack is built on torch graphs only (the builder's tree form has no features cache yet)."""
-    with pytest.raises(SpecpackError, match="torch graphs only") as err:
-        ExportConfig(max_tree_nodes=8, kv_cache="static", graphs="builder", draft_head=tmp_path)  # type: ignore[arg-type]
-    assert err.value.found == "--graphs builder with --draft-head --max-tree-nodes" and "--graphs torch" in err.value.hint
+def test_head_trees_accepted_on_builder_graphs(tmp_path: Path) -> None:
+    """A head's tree pack on the builder's graphs (its tree form with the features cache: test_builder_head_tree.py)."""
+    config = ExportConfig(max_tree_nodes=8, kv_cache="static", graphs="builder", draft_head=tmp_path)  # type: ignore[arg-type]
+    assert config.max_tree_nodes == 8 and config.graphs == "builder"
 
 
 @pytest.mark.parametrize("nodes", [-1, 65, True])
