@@ -248,11 +248,12 @@ def summarize(outcomes: list[Outcome], wall_s: float, planned: int) -> dict[str,
 
 
 def scrape(root_url: str) -> dict[str, float]:
-    """The server's counters worth keeping (requests by status, cancellations, tokens)."""
+    """The server's counters worth keeping (requests by status, cancellations, tokens, rows per batch step)."""
     with urllib.request.urlopen(f"{root_url}/metrics", timeout=30) as resp:
         text = resp.read().decode()
     keep = ("specpack_requests_total", "specpack_requests_cancelled_total", "specpack_generated_tokens_total",
-            "specpack_draft_tokens_proposed_total", "specpack_draft_tokens_accepted_total")
+            "specpack_draft_tokens_proposed_total", "specpack_draft_tokens_accepted_total",
+            "specpack_batch_rows")
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
             if line.startswith(keep)}
 
