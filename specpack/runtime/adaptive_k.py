@@ -33,11 +33,11 @@ clock (seeded sampling: the same seed gives the same tokens). Given the timings,
 deterministic: tests feed a fake clock.
 
 A step right after a k = 0 step, and a request's first step, give no per-draft sample (their V(k) samples are
-kept): the model drafter first catches up on the tokens committed without it, and a head drafter's first proposal
-reads the whole prompt's features, which is no draft's cost (counted, the head's first catch-up made k = 0 win on
-an H200, and the probes, all after k = 0 steps, never corrected d: bench/README.md, "Run E") (on a GPU a catch-up longer than
-k_max + 1 tokens was a run outside the captured graphs, several target steps: counted as d, it kept k at 0,
-bench/README.md, "Drafters on the GPU").
+kept), and ks are compared only once a draft was timed: the model drafter first catches up on the tokens committed
+without it, a head drafter's first proposal reads the whole prompt's features, and neither is a draft's cost. On a
+GPU such a catch-up runs outside the captured graphs, several target steps: counted as d, it kept k at 0
+(bench/README.md, "Drafters on the GPU"; for the head's first catch-up, "Run E", where the probes, all after k = 0
+steps, never corrected d).
 
 Exploration: while k = 0 wins, every `probe_every` steps one step runs at the best k >= 1 (the interval
 doubles each time k = 0 wins again, up to `probe_max`, and resets once a k >= 1 wins); while drafting, every
