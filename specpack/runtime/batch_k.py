@@ -8,10 +8,13 @@ Each row's own k policy (k_policy.py, adaptive_k.py) picks its k as if it ran al
     BatchKCap  one batched verify per step (a batched engine): the cap is the kappa in 0..k_max of the highest expected
                tokens per second over the whole batch,
 
-                   rate(kappa) = B (1 + E[accepted | kappa]) / (kappa d_B + V(B (kappa + 1)))
+                   rate(kappa) = B (1 + E[accepted | kappa]) / (kappa d_B + V(B max(2, kappa + 1)))
 
                E from acceptance pooled over the batch's rows (adaptive_k's AcceptanceModel), d_B the batch's draft
-               phase per draft, V(T) the batched verify over T rows in all; both running medians of the times the
+               phase per draft, V(T) the batched verify over T rows in all, as the batched engine runs them: every
+               row padded to the widest row's k + 1, and at least 2 (batched_target.py), so a step whose rows verify
+               k_b drafts is priced at B max(2, max_b k_b + 1), not at the sum of k_b + 1 (which priced a mixed
+               step as if its pads were free, bench/README.md "Load tests"); both running medians of the times the
                scheduler measured, V interpolated between measured T like adaptive_k's V(k) (and at least the prior
                slope outside them). kappa = 0 wins when a batch of single rows already keeps the device busy
                (compute-bound: V grows with T, so verified drafts that are rejected cost as much as emitted tokens).
@@ -27,8 +30,14 @@ from collections import deque
 from typing import Protocol
 
 from specpack.runtime.adaptive_k import AcceptanceModel, AdaptiveConfig, _interpolate
+from specpack.runtime.batched_target import MIN_WIDTH
 
 UNCAPPED = 1 << 30
+
+
+def padded_rows(ks: list[int]) -> int:
+    """The rows a batched verify of rows verifying ks[b] drafts runs: each padded to the widest, at least MIN_WIDTH."""
+    return len(ks) * max(MIN_WIDTH, max(ks) + 1)
 
 
 class BatchPolicy(Protocol):
@@ -56,7 +65,8 @@ class BatchKCap:
         self.k_max, self.config = k_max, config or AdaptiveConfig()
         self.acceptance = AcceptanceModel(k_max, self.config)
         window = self.config.window
-        self.verify: list[deque[float]] = [deque(maxlen=window) for _ in range(max_batch * (k_max + 1) + 1)]  # by T
+        most = padded_rows([k_max] * max_batch)
+        self.verify: list[deque[float]] = [deque(maxlen=window) for _ in range(most + 1)]  # [most + 1] V(T) by T
         self.per_draft: deque[float] = deque(maxlen=window)  # d_B samples: the draft phase / the most drafts of a row
         self._tokens = [0.0] * (k_max + 1)                   # [k_max+1] 1 + E[accepted | kappa]
 
@@ -68,7 +78,7 @@ class BatchKCap:
         d = statistics.median(self.per_draft) if self.per_draft else 0.0
         best, best_rate = 0, -1.0
         for kappa in range(self.k_max + 1):
-            t = min(rows * (kappa + 1), len(self.verify) - 1)
+            t = min(padded_rows([kappa] * rows), len(self.verify) - 1)
             time_s = kappa * d + _interpolate(known, t, self.config.verify_slope)
             rate = rows * (1.0 + self._tokens[kappa]) / time_s if time_s > 0 else float("inf")
             if rate > best_rate:
@@ -80,7 +90,7 @@ class BatchKCap:
             return
         for k, n in zip(ks, accepted, strict=True):
             self.acceptance.observe(k, n)
-        t = min(sum(k + 1 for k in ks), len(self.verify) - 1)
+        t = min(padded_rows(ks), len(self.verify) - 1)
         self.verify[t].append(verify_s)
         if (most := max(ks)) > 0:
             self.per_draft.append(draft_s / most)  # a batched drafter runs its longest row's steps

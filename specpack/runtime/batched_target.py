@@ -31,6 +31,9 @@ from specpack.graphs.oracle import greedy_verify
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
+MIN_WIDTH = 2  # every row of a run at least this wide: the multi-row kernels (docs/architecture.md, "One row is never
+               # run alone"); runtime/batch_k.py prices a step with it
+
 
 class BatchedRuns:
     """The caches and the run of a batched static-form graph, whatever its head (module docstring): `bind` lays out a
@@ -86,7 +89,7 @@ class BatchedRuns:
         """A run over the slots [lo, hi) = [min, max] of `tokens` (slot -> its new tokens): (lo, seq, inputs, outputs)
         of the plain graph (ids, positions, mask, caches); the head's are the caller's. Records the run's rows."""
         lo, hi = min(tokens), max(tokens) + 1
-        seq = max(2, *(len(t) for t in tokens.values()))
+        seq = max(MIN_WIDTH, *(len(t) for t in tokens.values()))
         batch = hi - lo
         ids = self._ids[: batch * seq].reshape(batch, seq)      # [B, S]
         pos = self._pos[: batch * seq].reshape(batch, seq)      # [B, S]

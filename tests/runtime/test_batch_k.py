@@ -7,7 +7,7 @@ import numpy as np
 from harness import bigram_backend, table
 
 from specpack.runtime.adaptive_k import AdaptiveConfig
-from specpack.runtime.batch_k import UNCAPPED, BatchKCap, NoCap
+from specpack.runtime.batch_k import UNCAPPED, BatchKCap, NoCap, padded_rows
 from specpack.runtime.drafter import ModelDrafter
 from specpack.runtime.k_policy import FixedK
 from specpack.runtime.loop import Decoding
@@ -27,16 +27,31 @@ def _measured(acceptance: float, max_batch: int = 64, k_max: int = 4) -> BatchKC
     for rows in (1, 4, 16, 64):
         for k in range(k_max + 1):
             ks = [k] * rows
-            cap.observe(ks, [round(acceptance * k)] * rows, 0.1 * k, _gpu_like(rows * (k + 1)))
+            cap.observe(ks, [round(acceptance * k)] * rows, 0.1 * k, _gpu_like(padded_rows(ks)))
     return cap
 
 
 def test_speculation_is_turned_down_as_the_batch_grows() -> None:
     cap = _measured(0.8)
     caps = [cap.cap(b) for b in (1, 4, 8, 16, 32, 64)]
-    assert caps[0] == 4 and caps[-1] == 0, caps
+    # at 64 rows only k 1 is left: it fills the second row every batched run has anyway (MIN_WIDTH), so it is free
+    assert caps[0] == 4 and caps[-1] == 1, caps
     assert caps == sorted(caps, reverse=True)  # never more drafts at a larger batch
     assert _measured(0.2).cap(1) < caps[0]      # and fewer when little is accepted
+
+
+def test_a_step_is_priced_at_its_widest_row() -> None:
+    """The batched engine pads every row to the widest row's k + 1 (at least 2): one row drafting 4 while three draft
+    none costs a 4 x 5-row run (the real pair's int4 batched graph on the CPU: 4 rows x 5 in 154 ms, 4 x 2 in 78 ms).
+    Priced at the rows' own sum (5 + 1 + 1 + 1 = 8), that cost landed where a uniform k 1 is looked up, so k 1, which
+    costs nothing more than k 0 here (both run 2 rows wide), was never taken (the old pricing's cap: 0)."""
+    cpu_like = 20.0  # ms per padded row: compute-bound
+    cap = BatchKCap(4, 4, AdaptiveConfig(prior_acceptance=0.5, prior_weight=50.0))
+    for _ in range(5):
+        for ks in ([0, 0, 0, 0], [4, 0, 0, 0], [2, 1, 0, 0], [4, 4, 4, 4]):
+            cap.observe(ks, [k // 2 for k in ks], 0.0, cpu_like * padded_rows(ks))
+    assert padded_rows([4, 0, 0, 0]) == 20 and padded_rows([0, 0]) == 4  # at least 2 rows wide: k 1 costs what k 0 does
+    assert cap.cap(4) == 1  # drafting pays only where it is free: k 1 fills the second row of every run
 
 
 def test_nothing_is_capped_before_anything_is_measured() -> None:
