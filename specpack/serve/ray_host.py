@@ -65,14 +65,23 @@ def serve_on_ray(config: ServeConfig, scaling: RayScaling) -> None:
             ray.shutdown()
 
 
+# A local cluster's GCS declares its own (only) node dead after 5 missed health checks of up to 10 s each (Ray's
+# defaults): on a busy 2-core machine a starved raylet missed them, every actor died with the node and the cluster
+# hung (a CI run, 2026-11-28). One node cannot fail over to another, so a local cluster waits about 3 minutes.
+LOCAL_HEALTH_CHECKS = {"health_check_failure_threshold": 60}
+
+
 def init_ray(address: str | None, **options: Any) -> None:
     """ray.init, with specpack's proxy middleware (ray_proxy.py: a replica lost under a request gives an OpenAI error)
     in the environment of the processes a local cluster starts. Joining a running cluster (address), its proxies
     have the environment of its `ray start`: set RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH there
-    (docs/ray_serve.md). An operator's own value of the variable is kept."""
+    (docs/ray_serve.md). An operator's own value of the variable is kept. A local cluster (no address) tolerates
+    LOCAL_HEALTH_CHECKS missed health checks of its node."""
     import ray
 
     os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+    if address is None and not os.environ.get("RAY_ADDRESS"):  # a local cluster of this one node
+        options.setdefault("_system_config", LOCAL_HEALTH_CHECKS)
     ray.init(address=address, **options)
 
 

@@ -365,6 +365,7 @@ def test_autoscaling_from_one_to_two_replicas_under_load_and_back(ray_url: str, 
             up = time.monotonic()
             served = len(outcomes)
             while len(outcomes) < served + 8:  # both replicas under load
+                assert time.monotonic() - up < CLIENT_TIMEOUT_S, "no request served with two replicas"
                 time.sleep(0.1)
             stop.set()
             for f in loads:
