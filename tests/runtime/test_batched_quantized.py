@@ -20,10 +20,9 @@ from specpack.errors import SpecpackError
 from specpack.hashing import sha256_file
 from specpack.names import BATCHED_FILES
 from specpack.runtime.backend import BackendOptions
-from specpack.runtime.batch_k import NoCap
-from specpack.runtime.batched_verify import BatchedTarget
 from specpack.runtime.pack import Pack
 from specpack.runtime.request import GenerateRequest
+from tests.runtime.test_batched_sampling import batched_tokens
 
 pytestmark = pytest.mark.slow  # an int4 pack export with --max-batch (~25 s on 2 cores)
 
@@ -100,9 +99,4 @@ def test_requests_together_get_their_lone_tokens(pack_dir: Path, alone: Pack, pi
     expected = [alone.generate_request(r).tokens for r in requests]
     digest = sha256_file(pack_dir / "manifest.json") if pinned else None
     with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=SLOTS), manifest_sha256=digest) as pack:
-        batcher = pack.start_batching(batch_policy=NoCap())
-        target = batcher.scheduler.verifier
-        assert isinstance(target, BatchedTarget) and batcher.scheduler.row_drafter is not None
-        got = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in requests]]
-    assert got == expected
-    assert max(target.runs) == SLOTS
+        assert batched_tokens(pack, requests) == (expected, SLOTS)

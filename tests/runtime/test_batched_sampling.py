@@ -57,6 +57,16 @@ def batched_plain(tiny_batched_plain) -> Path:  # type: ignore[no-untyped-def]
     return tiny_batched_plain(FAMILY, DRAFT)
 
 
+def batched_tokens(pack: Pack, requests: list[GenerateRequest]) -> tuple[list[list[int]], int]:
+    """Every request submitted at once through the pack's batched engines (BatchedTarget and the batched draft, no cap
+    on k): each request's tokens, and the most rows one verify ran."""
+    batcher = pack.start_batching(batch_policy=NoCap())
+    target = batcher.scheduler.verifier
+    assert isinstance(target, BatchedTarget) and batcher.scheduler.row_drafter is not None
+    tokens = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in requests]]
+    return tokens, max(target.runs)
+
+
 def verify_graph(plain: Path, out_dir: Path, vocab: int) -> Path:
     """The batched verify graph in out_dir."""
     return attached_copy(plain, out_dir / "verify_batched.onnx", vocab, build_batched_verify_graph)
@@ -238,12 +248,7 @@ def test_a_pack_exported_with_max_batch_batches_with_its_own_graphs(tiny_export,
         assert (m.target.batched.max_batch, m.target.batched.head, m.draft.batched.head) == (SLOTS, "verify", "greedy")
         assert [m.target.batched.graph.path, m.draft.batched.graph.path] == [BATCHED_FILES["target"],
                                                                             BATCHED_FILES["draft"]]
-        batcher = pack.start_batching(batch_policy=NoCap())
-        target = batcher.scheduler.verifier
-        assert isinstance(target, BatchedTarget) and batcher.scheduler.row_drafter is not None
-        got = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in requests]]
-        assert got == expected
-        assert max(target.runs) == SLOTS
+        assert batched_tokens(pack, requests) == (expected, SLOTS)
     with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=SLOTS + 1)) as pack, \
             pytest.raises(SpecpackError, match="exported for"):
         pack.start_batching()
