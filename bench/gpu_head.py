@@ -14,6 +14,8 @@ decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive
         prompt lookup at k 4, each prompt's runs back to back; step costs at 256 tokens (c, v(k)); predicted speedups
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4
+headcost  bench/head_step_cost.py: the trained head's step graph in the standard and the gqa form (the pack's since
+        the gqa head form), each alone on the card, CUDA graphs, median ms per run (docs/heads.md)
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
 keep    the trained head's files and its training corpus (HEAD/ckpt/corpus.*) split into KEEP_CHUNK pieces under
         WORK/keep (with their sha256 in keep.json), for `run` calls to bring back 4 at a time (files back: 8 of 16 MiB,
@@ -171,6 +173,19 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
                            "per_category": SPEC_BENCH_PER_CATEGORY, "max_prompt": SPEC_BENCH_MAX_PROMPT}
     log(json.dumps(categories, indent=1))
     pack.close()
+
+
+def phase_headcost(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """bench/head_step_cost.py on the trained head: its step graph in the standard and gqa forms, alone on the card."""
+    from specpack.contract.manifest import Manifest
+
+    work = Path(args.work)
+    target = Manifest.read(work / "pack-head").target.source.resolved
+    out = work / "headcost.json"
+    subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "head_step_cost.py"), "--head",
+                    str(work / "head"), "--target", str(target), "--json", str(out), "--max-len", str(MAX_LEN),
+                    "--device", args.device], check=True)
+    result["headcost"] = json.loads(out.read_text())
 
 
 def phase_keep(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -343,6 +358,7 @@ def main() -> None:
               "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
               "genai": lambda: phase_genai(args, result), "specbench": lambda: phase_specbench(args, result),
               "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result),
+              "headcost": lambda: phase_headcost(args, result),
               "headtrees": lambda: phase_headtrees(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()

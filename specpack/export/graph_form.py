@@ -75,3 +75,12 @@ def resolve_form(kv_cache: str, attention: str, head_dim: int, heads: str = "onn
     form = GraphForm(kv_cache, attention, heads)
     form.check(head_dim)
     return form
+
+
+def head_attention(target_attention: str, kv_cache: str, max_tree_nodes: int, head_dim: int) -> str:
+    """The head step's attention form: "gqa" (one GroupQueryAttention with the rotary inside) where the target's graph
+    uses GroupQueryAttention, on the static cache, outside the tree form (whose own rows' positions and masks are
+    data), for head_dim % 8 == 0; else "standard" (default-domain ops)."""
+    gqa = (target_attention == "gqa" and kv_cache == "static" and not max_tree_nodes
+           and head_dim % GQA_HEAD_DIM_MULTIPLE == 0)
+    return "gqa" if gqa else "standard"

@@ -67,10 +67,12 @@ def tree_width(max_tree_nodes: int, subset_size: int) -> int:
 
 
 def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: str, vocab_size: int,
-                     kv_cache: str = "concat", max_tree_nodes: int = 0) -> None:
+                     kv_cache: str = "concat", max_tree_nodes: int = 0, attention: str = "standard",
+                     max_len: int = 0) -> None:
     """head_step.onnx (+ .data) for the head at `head_dir`, its frozen parts from the target at `target_dir`;
     kv_cache "concat" or "static" (the target's form); max_tree_nodes > 0 (static only): the tree form (module
-    docstring), its TopK K = tree_width(max_tree_nodes, subset size)."""
+    docstring), its TopK K = tree_width(max_tree_nodes, subset size); attention (graph_form.head_attention's choice) "gqa": the
+    static step through GroupQueryAttention, its rotary caches of max_len rows (the pack's)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -80,7 +82,7 @@ def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: st
     del target
     plain = out_onnx.with_name(f"{out_onnx.stem}.plain.onnx")
     width = tree_width(max_tree_nodes, record.config.subset_size)
-    program = _export(head, record, dtype, kv_cache == "static", width)
+    program = _export(head, record, dtype, kv_cache == "static", width, attention, max_len)
     _save(program, plain)
     with warnings.catch_warnings():  # the head's logits come from a Scatter, not a recognizable lm_head: they are
         warnings.simplefilter("ignore", LogitsNotPrunedWarning)  # one row already
@@ -111,35 +113,53 @@ class _StepForward:
 class _StaticStepForward:
     """forward(input_ids, features, draft_ids, hidden_in, attention_mask, past_key, past_value): DraftHead.step over a
     static cache. Row r sits at position start + r, start = sum(attention_mask) - S; its key and value are written
-    at cache row start + r and it attends to rows <= start + r (static_attention.standard_attention, GQA by reshape).
-    features [1, 1, M, F] is the target's features cache: the C feature rows are its rows [start, start + C)."""
+    at cache row start + r and it attends to rows <= start + r. features [1, 1, M, F] is the target's features cache:
+    the C feature rows are its rows [start, start + C).
+
+    attention "standard": RoPE, the cache write and the masked softmax in default-domain ops
+    (static_attention.standard_attention, GQA by reshape); "gqa": one GroupQueryAttention with the rotary inside
+    (static_attention.group_query_attention_rotary; cos / sin caches of max_len rows), about 60 nodes fewer, what a
+    GPU pays per node in a head step (docs/heads.md, "The head step's attention")."""
 
     @staticmethod
-    def wrap(head: Any) -> Any:
+    def wrap(head: Any, attention: str = "standard", max_len: int = 0) -> Any:
         import torch
 
-        from specpack.export.static_attention import shape_value, standard_attention
+        from specpack.export.static_attention import rotary_caches, shape_value, standard_attention
 
         c = head.config
+        scale = c.head_dim ** -0.5
+        gqa = attention == "gqa"
 
         class StaticStepForward(torch.nn.Module):
             def __init__(self) -> None:
                 super().__init__()
                 self.head = head
+                if gqa:  # [max_len, D / 2] each, in the head's dtype (initializers of the graph)
+                    cos, sin = rotary_caches(head.inv_freq, max_len, head.fc.weight.dtype)
+                    self.register_buffer("cos_cache", cos)
+                    self.register_buffer("sin_cache", sin)
 
             def forward(self, input_ids: torch.Tensor, features: torch.Tensor, draft_ids: torch.Tensor,
                         hidden_in: torch.Tensor, attention_mask: torch.Tensor, past_key: torch.Tensor,
                         past_value: torch.Tensor) -> tuple[torch.Tensor, ...]:
                 ids = torch.cat([input_ids, draft_ids], dim=1)  # [1, S]
                 seq = ids.shape[1]
-                start = attention_mask.sum(dim=-1) - shape_value(seq, ids.device)  # [1] L (no host scalar mixed in)
+                total = attention_mask.sum(dim=-1)  # [1] L + S
+                start = total - shape_value(seq, ids.device)  # [1] L (no host scalar mixed in)
                 rows = features[0, 0].index_select(0, start + torch.arange(input_ids.shape[1]))  # [C, F]
                 a = torch.cat([self.head.fc(rows[None]), hidden_in], dim=1)  # [1, S, H]
-                positions = start + torch.arange(seq)  # [S] a Range over the shape, then the data added
-                q, k, v = self.head._qkv(a, ids, positions)  # q [1, heads, S, D], k / v [1, kv_heads, S, D]
-                out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start,
-                                                                     c.head_dim ** -0.5, None)
-                o = self.head._finish(a, out.reshape(1, seq, c.heads * c.head_dim))  # [1, S, H]
+                if gqa:
+                    q, k, v = self.head.project(a, ids)  # [1, S, heads * D], [1, S, kv_heads * D] x 2 (before RoPE)
+                    out, present_key, present_value = torch.ops.specpack.group_query_attention_rotary(
+                        q, k, v, past_key, past_value, (total - 1).to(torch.int32), self.cos_cache, self.sin_cache,
+                        c.heads, c.kv_heads, scale)  # out [1, S, heads * D]
+                else:
+                    positions = start + torch.arange(seq)  # [S] a Range over the shape, then the data added
+                    q, k, v = self.head._qkv(a, ids, positions)  # q [1, heads, S, D], k / v [1, kv_heads, S, D]
+                    out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start, scale,
+                                                                         None)
+                o = self.head.finish(a, out.reshape(1, seq, c.heads * c.head_dim))  # [1, S, H]
                 last = o[:, -1:]
                 return self.head.full_logits(last), last, present_key, present_value
 
@@ -179,7 +199,7 @@ class _TreeStepForward:
                 allowed = torch.cat([torch.ones(catchup, draft_mask.shape[2], dtype=torch.bool), draft_mask[0]])
                 out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start,
                                                                      c.head_dim ** -0.5, None, allowed)  # [S, M]
-                o = self.head._finish(a, out.reshape(1, seq, c.heads * c.head_dim))  # [1, S, H]
+                o = self.head.finish(a, out.reshape(1, seq, c.heads * c.head_dim))  # [1, S, H]
                 last = o[:, -1:]
                 top_rows = torch.cat([o[:, catchup:], last], dim=1)  # [1, W + 1, H] own rows, then the last
                 logp = torch.log_softmax(self.head.subset_logits(top_rows).to(torch.float32), dim=-1)  # [1, W+1, V_sub]
@@ -190,7 +210,8 @@ class _TreeStepForward:
         return TreeStepForward().eval()
 
 
-def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False, width: int = 0) -> Any:
+def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False, width: int = 0,
+            attention: str = "standard", max_len: int = 0) -> Any:
     import torch
     from torch.export import Dim
 
@@ -213,7 +234,8 @@ def _export(head: Any, record: HeadRecord, dtype: str, static: bool = False, wid
         example = (example[0], cache, *example[2:4], torch.ones(1, m, dtype=torch.int64),
                    *(torch.zeros(1, c.kv_heads, m, c.head_dim, dtype=torch_dtype) for _ in range(2)))
         shapes = ({1: C}, {2: L}, {1: W}, {1: W}, {1: L}, {2: L}, {2: L})
-        forward, input_names, translations = _StaticStepForward.wrap(head), list(STATIC_HEAD_INPUTS), TRANSLATIONS
+        forward = _StaticStepForward.wrap(head, attention, max_len)
+        input_names, translations = list(STATIC_HEAD_INPUTS), TRANSLATIONS
     output_names = list(HEAD_OUTPUTS)
     if static and width:  # the tree form: own rows' positions and mask [1, W], [1, W, M] before the static mask
         example = (*example[:4], torch.tensor([[past, past + 1]]), torch.ones(1, own, m, dtype=torch.bool),

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from specpack.errors import SpecpackError
 from specpack.export.config import ExportConfig
-from specpack.export.graph_form import GraphForm
+from specpack.export.graph_form import GraphForm, head_attention
 from specpack.export.model_info import ModelInfo, read_model_info, require_weights
 from specpack.export.progress import phase
 from specpack.export.sources import resolve_source
@@ -247,9 +247,12 @@ def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path
     head_file = None
     if sources.head_dir is not None:
         head_file = HEAD_STEP_FILE
-        with phase("exporting the draft head's step graph", _log):
+        attention = head_attention(sources.target.form.attention, config.kv_cache, config.max_tree_nodes,
+                                   sources.target.info.head_dim)
+        with phase(f"exporting the draft head's step graph ({attention} attention)", _log):
             _run_stage(_export_head, config.isolate, sources.head_dir, sources.target.model_dir, pack_dir / head_file,
-                       config.dtype, sources.vocab_size, config.kv_cache, config.max_tree_nodes)
+                       config.dtype, sources.vocab_size, config.kv_cache, config.max_tree_nodes, attention,
+                       sources.max_len)
     return AttachedGraphs(files=files, quantization={role: g.quantization for role, g in quantized.graphs.items()},
                           head_file=head_file)
 
@@ -336,12 +339,12 @@ def _check_head(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, 
 
 
 def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_size: int, kv_cache: str,
-                 max_tree_nodes: int = 0) -> None:
+                 max_tree_nodes: int = 0, attention: str = "standard", max_len: int = 0) -> None:
     """head_step.onnx from the trained head, in the target's KV form (export/head_export.py); max_tree_nodes > 0:
-    its tree form (it drafts token trees)."""
+    its tree form (it drafts token trees); attention: graph_form.head_attention's choice."""
     from specpack.export.head_export import export_head_step
 
-    export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache, max_tree_nodes)
+    export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache, max_tree_nodes, attention, max_len)
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str, method: str,

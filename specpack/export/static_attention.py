@@ -14,6 +14,8 @@ so every run over S new tokens has the same shapes, whatever L is.
     gqa (com.microsoft.GroupQueryAttention, head_dim % 8 == 0):
         out, present_k, present_v = GroupQueryAttention(q, k, v, past_k, past_v,
                                         seqlens_k = total - 1, total_sequence_length = M)
+    gqa with the rotary inside (a draft head's static step: export/head_export.py): the same op with do_rotary 1 and
+        cos / sin caches [max_len, D / 2]; query and key go in before the rotary (group_query_attention_rotary)
     token trees (the tree form, torch_export.py): the standard form ANDs tree_allowed [S, M] into its mask; the gqa
     form passes tree_bias [1, 1, S, M] (0 / the dtype's lowest) as GroupQueryAttention's attention_bias
 
@@ -111,6 +113,46 @@ def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: tor
     return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
 
 
+@torch.library.custom_op("specpack::group_query_attention_rotary", mutates_args=())
+def group_query_attention_rotary(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor,
+                                 past_value: torch.Tensor, seqlens_k: torch.Tensor, cos_cache: torch.Tensor,
+                                 sin_cache: torch.Tensor, num_heads: int, kv_num_heads: int,
+                                 scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """group_query_attention with the rotary inside (GroupQueryAttention's do_rotary 1, rotary_interleaved 0: the
+    rotate-half form): query / key [1, S, H*D] before the rotary; row i sits at position start + i, start = seqlens_k
+    + 1 - S (its cache row), and is rotated by row start + i of cos_cache / sin_cache [max_len, D / 2]."""
+    batch, seq, _ = query.shape
+    head_dim = past_key.shape[3]
+    start = seqlens_k.to(torch.int64) + 1 - seq  # [1]
+    positions = start + torch.arange(seq, device=query.device)  # [S]
+    cos, sin = cos_cache[positions], sin_cache[positions]  # [S, D / 2]
+    q = _rotate_half_form(query.view(batch, seq, num_heads, head_dim).transpose(1, 2), cos, sin)  # [1, Hq, S, D]
+    k = _rotate_half_form(key.view(batch, seq, kv_num_heads, head_dim).transpose(1, 2), cos, sin)  # [1, Hkv, S, D]
+    v = value.view(batch, seq, kv_num_heads, head_dim).transpose(1, 2)
+    out, present_key, present_value = standard_attention(q, k, v, past_key, past_value, start, scale, None)
+    return out.reshape(batch, seq, num_heads * head_dim), present_key, present_value
+
+
+@group_query_attention_rotary.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, past_key: torch.Tensor, past_value: torch.Tensor,
+      seqlens_k: torch.Tensor, cos_cache: torch.Tensor, sin_cache: torch.Tensor, num_heads: int, kv_num_heads: int,
+      scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return torch.empty_like(query), torch.empty_like(past_key), torch.empty_like(past_value)
+
+
+def _rotate_half_form(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [1, H, S, D] rotated: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin), halves of D; cos / sin [S, D / 2]."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+def rotary_caches(inv_freq: torch.Tensor, max_len: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin [max_len, D / 2] of positions 0..max_len-1 (angles in fp32, then cast, as the eager rotary does)."""
+    angles = torch.arange(max_len, dtype=torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
 # ----------------------------------------------------------------------------------- their ONNX translations
 
 op: Any = opset20  # untyped here: onnxscript's typed opsets do not follow the int64 shape arithmetic below
@@ -142,6 +184,17 @@ _GQA_BIAS_SCHEMA = OpSchema(  # the same op with its optional inputs up to atten
     + [OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "")],
 )
 _GroupQueryAttentionBias = Op(_MSFT, "GroupQueryAttention", _GQA_BIAS_SCHEMA)
+_GQA_ROTARY_SCHEMA = OpSchema(  # the same op with the rotary inside: cos_cache / sin_cache in, do_rotary 1
+    "GroupQueryAttention", "com.microsoft", 1,
+    inputs=[*_GQA_SCHEMA.inputs, *(OpSchema.FormalParameter(name, "T") for name in ("cos_cache", "sin_cache"))],
+    outputs=list(_GQA_SCHEMA.outputs),
+    type_constraints=[("T", ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"], ""),
+                      ("M", ["tensor(int32)"], "")],
+    attributes=[OpSchema.Attribute(name, OpSchema.AttrType.INT, "")
+                for name in ("num_heads", "kv_num_heads", "do_rotary", "rotary_interleaved")]
+    + [OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "")],
+)
+_GroupQueryAttentionRotary = Op(_MSFT, "GroupQueryAttention", _GQA_ROTARY_SCHEMA)
 
 
 def _kv_write_onnx(past: Any, new: Any, start: Any) -> Any:
@@ -174,10 +227,19 @@ def _gqa_bias_onnx(query: Any, key: Any, value: Any, past_key: Any, past_value: 
                                     attention_bias, num_heads=num_heads, kv_num_heads=kv_num_heads, scale=scale)
 
 
+def _gqa_rotary_onnx(query: Any, key: Any, value: Any, past_key: Any, past_value: Any, seqlens_k: Any, cos_cache: Any,
+                     sin_cache: Any, num_heads: int, kv_num_heads: int, scale: float) -> Any:
+    total = op.Cast(op.Squeeze(op.Shape(past_key, start=2, end=3)), to=6)  # int32 scalar: M
+    return _GroupQueryAttentionRotary(query, key, value, past_key, past_value, seqlens_k, total, cos_cache, sin_cache,
+                                      num_heads=num_heads, kv_num_heads=kv_num_heads, do_rotary=1,
+                                      rotary_interleaved=0, scale=scale)
+
+
 TRANSLATIONS: dict[Callable[..., Any], Callable[..., Any]] = {
     torch.ops.specpack.kv_write.default: _kv_write_onnx,
     torch.ops.specpack.group_query_attention.default: _gqa_onnx,
     torch.ops.specpack.group_query_attention_bias.default: _gqa_bias_onnx,
+    torch.ops.specpack.group_query_attention_rotary.default: _gqa_rotary_onnx,
 }
 
 

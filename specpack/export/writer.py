@@ -21,6 +21,7 @@ from specpack.contract.manifest import (
     parse_manifest,
     schema_error,
 )
+from specpack.export.graph_form import head_attention
 from specpack.hashing import sha256_file
 from specpack.names import HEAD_STEP_FILE
 
@@ -61,7 +62,9 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
     return Manifest(
         drafter="model" if sources.draft is not None else "head" if head is not None else "ngram",
         head=None if head is None else head_entry(pack_dir, head, config.dtype, graphs.head_file or HEAD_STEP_FILE,
-                                                 config.kv_cache, config.max_tree_nodes),
+                                                 config.kv_cache, config.max_tree_nodes,
+                                                 head_attention(sources.target.form.attention, config.kv_cache,
+                                                                config.max_tree_nodes, sources.target.info.head_dim)),
         draft=models.get("draft"),
         target=models["target"],
         vocab_size=sources.vocab_size,
@@ -76,16 +79,17 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
 
 
 def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file: str = HEAD_STEP_FILE,
-               kv_cache: str = "concat", max_tree_nodes: int = 0) -> HeadEntry:
+               kv_cache: str = "concat", max_tree_nodes: int = 0, attention: str = "standard") -> HeadEntry:
     """The manifest's head entry from head.json's record: what the runtime needs typed, the training record kept;
-    kv_cache: the head graph's form (the target's: export/head_export.py); max_tree_nodes > 0: its tree form."""
+    kv_cache: the head graph's form (the target's: export/head_export.py); max_tree_nodes > 0: its tree form;
+    attention: graph_form.head_attention's choice."""
     from specpack.export.head_export import tree_width
 
     config = record["config"]
     losses = record.get("losses") or []
     return HeadEntry.model_validate({
         "kind": record["kind"],
-        "graph": graph_entry(pack_dir, graph_file, _head_form(kv_cache)), "dtype": dtype, "taps": config["taps"],
+        "graph": graph_entry(pack_dir, graph_file, _head_form(kv_cache, attention)), "dtype": dtype, "taps": config["taps"],
         "feature_dim": config["target_hidden"] * len(config["taps"]), "hidden": config["hidden"],
         "kv_heads": config["kv_heads"], "head_dim": config["head_dim"], "subset_size": config["subset_size"],
         "tree_width": tree_width(max_tree_nodes, config["subset_size"]),
@@ -96,10 +100,10 @@ def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file
         "training": record.get("training", {}), "losses": {"first": losses[0], "last": losses[-1]} if losses else {}})
 
 
-def _head_form(kv_cache: str) -> GraphForm:
+def _head_form(kv_cache: str, attention: str) -> GraphForm:
     from specpack.export.graph_form import GraphForm
 
-    return GraphForm(kv_cache, "standard", "onnxruntime")
+    return GraphForm(kv_cache, attention, "onnxruntime")
 
 
 def _batched(pack_dir: Path, graph_file: str | None, role: str, max_batch: int,

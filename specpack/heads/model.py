@@ -105,15 +105,20 @@ class DraftHead(nn.Module):
 
     # -- pieces shared by training and the export forward -------------------------------------------------------
 
+    def project(self, a: torch.Tensor, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """a [B, S, H], ids [B, S] -> q [B, S, heads * D], k / v [B, S, kv_heads * D] (before RoPE)."""
+        u = torch.cat([self.in_norm(self.embed[ids]), self.h_norm(a)], dim=-1)  # [B, S, 2H]
+        return self.q_proj(u), self.k_proj(u), self.v_proj(u)
+
     def _qkv(self, a: torch.Tensor, ids: torch.Tensor, positions: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """a [B, S, H], ids [B, S], positions [S] -> q [B, heads, S, D], k / v [B, kv_heads, S, D] (RoPE applied)."""
         c = self.config
-        u = torch.cat([self.in_norm(self.embed[ids]), self.h_norm(a)], dim=-1)  # [B, S, 2H]
         b, s = ids.shape
-        q = self.q_proj(u).view(b, s, c.heads, c.head_dim).transpose(1, 2)
-        k = self.k_proj(u).view(b, s, c.kv_heads, c.head_dim).transpose(1, 2)
-        v = self.v_proj(u).view(b, s, c.kv_heads, c.head_dim).transpose(1, 2)
+        q, k, v = self.project(a, ids)
+        q = q.view(b, s, c.heads, c.head_dim).transpose(1, 2)
+        k = k.view(b, s, c.kv_heads, c.head_dim).transpose(1, 2)
+        v = v.view(b, s, c.kv_heads, c.head_dim).transpose(1, 2)
         angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # [S, D/2]
         emb = torch.cat([angles, angles], dim=-1)  # [S, D]
         cos, sin = emb.cos().to(q.dtype), emb.sin().to(q.dtype)
@@ -130,7 +135,7 @@ class DraftHead(nn.Module):
         out = weights @ v  # [B, heads, S, D]
         return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], c.heads * c.head_dim)
 
-    def _finish(self, a: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def finish(self, a: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         """Residual + MLP: -> o [B, S, H]."""
         h = a + self.o_proj(attn)
         x = self.post_norm(h)
@@ -171,7 +176,7 @@ class DraftHead(nn.Module):
             keys.append(k)
             values.append(v)
             blocks = [s <= t - i] + [s == t - i + j for j in range(1, i + 1)]  # each [n, n]
-            o = self._finish(a, self._attend(q, torch.cat(keys, 2), torch.cat(values, 2), torch.cat(blocks, 1)))
+            o = self.finish(a, self._attend(q, torch.cat(keys, 2), torch.cat(values, 2), torch.cat(blocks, 1)))
             out.append(self.subset_logits(o))
             a = torch.cat([torch.zeros_like(o[:, :1]), o[:, :-1]], dim=1)  # row t gets o of row t - 1
         return out
@@ -197,7 +202,7 @@ class DraftHead(nn.Module):
         q, k, v = self._qkv(a, ids, positions)
         keys, values = torch.cat([past_key, k], 2), torch.cat([past_value, v], 2)
         allowed = torch.arange(past_len + new)[None, :] <= positions[:, None]  # [S, L + S]
-        o = self._finish(a, self._attend(q, keys, values, allowed))
+        o = self.finish(a, self._attend(q, keys, values, allowed))
         last = o[:, -1:]
         return self.full_logits(last), last, keys, values
 

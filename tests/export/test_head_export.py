@@ -177,3 +177,62 @@ def test_draft_head_excludes_a_draft(pack: tuple[Path, Path, Path], tmp_path: Pa
     result = CliRunner().invoke(cli, ["export", "--target", str(target_dir), "--draft-head", str(tmp_path),
                                       "-o", str(tmp_path / "p")])
     assert result.exit_code == 2 and "is not a draft head" in result.output
+
+
+GQA_HEAD_DIM = 16  # GroupQueryAttention needs head_dim % 8 == 0 (the tiny pairs' default 12 gets the standard form)
+
+
+@pytest.fixture(scope="module")
+def gqa_pack(tiny_head_pack: Callable[..., tuple[Path, Path, Path]]) -> tuple[Path, Path, Path]:
+    return tiny_head_pack("qwen2", kv_cache="static", head_dim=GQA_HEAD_DIM, attention="gqa")
+
+
+def test_the_gqa_head_step_is_the_torch_heads_step(gqa_pack: tuple[Path, Path, Path]) -> None:
+    """The static head step through one GroupQueryAttention (rotary inside; graph_form.head_attention) computes the torch
+    head's step: a catch-up of 7 feature rows read from the features cache, two drafting runs, then a mixed run
+    (2 feature rows + 1 own row), each on the cache the run before wrote: q (T 1), hidden_out and the cache rows
+    written equal the torch head's (concat cache, eager RoPE), fp32, CPU."""
+    pack_dir, head_dir, target_dir = gqa_pack
+    m = Manifest.read(pack_dir)
+    assert m.head is not None and m.head.graph.attention == "gqa"
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    head = build_head(read_head(head_dir), target)
+    c = head.config
+    sess = ort.InferenceSession(str(pack_dir / names.HEAD_STEP_FILE), providers=["CPUExecutionProvider"])
+    assert sum(n.op_type == "GroupQueryAttention" for n in _graph_nodes(pack_dir / names.HEAD_STEP_FILE)) == 1
+    rng = np.random.default_rng(2)
+    big = m.max_len  # M: the static buffers' rows (the rotary caches cover every row)
+    cache = np.zeros((1, 1, big, c.feature_dim), np.float32)  # [1, 1, M, F] the target's features cache
+    cache[0, 0, :12] = rng.normal(size=(12, c.feature_dim))
+    static = [np.zeros((1, c.kv_heads, big, c.head_dim), np.float32) for _ in range(2)]  # [1, kvh, M, D]
+    concat = (torch.zeros(1, c.kv_heads, 0, c.head_dim),) * 2
+    ids = rng.integers(0, c.vocab_rows, (1, 12))
+    length, own, hidden = 0, np.zeros((1, 0), np.int64), np.zeros((1, 0, c.hidden), np.float32)
+    for catchup, drafting in ((7, False), (0, True), (0, True), (2, True)):
+        rows = ids[:, length:length + catchup]  # [1, C]
+        draft_ids = own if drafting else np.zeros((1, 0), np.int64)
+        hidden_in = hidden if drafting else np.zeros((1, 0, c.hidden), np.float32)
+        total = length + catchup + draft_ids.shape[1]
+        feeds = {names.INPUT_IDS: rows, names.FEATURES: cache, names.DRAFT_IDS: draft_ids, names.HIDDEN_IN: hidden_in,
+                 names.ATTENTION_MASK: (np.arange(big) < total).astype(np.int64)[None],
+                 names.past_name(0, "key"): static[0], names.past_name(0, "value"): static[1], **_sampling(1.0)}
+        token, probs, hidden_out, *static = sess.run(
+            [names.TOKEN, names.PROBS, names.HIDDEN_OUT, names.present_name(0, "key"), names.present_name(0, "value")],
+            feeds)
+        with torch.no_grad():
+            feats = torch.from_numpy(cache[:, 0, length:length + catchup])  # [1, C, F]
+            logits, h, *concat = head.step(torch.from_numpy(rows), feats, torch.from_numpy(draft_ids),
+                                           torch.from_numpy(hidden_in), *concat)
+        np.testing.assert_allclose(probs, torch.softmax(logits[0].double(), -1).numpy(), rtol=0, atol=Q_ATOL)
+        np.testing.assert_allclose(hidden_out, h.numpy(), rtol=0, atol=1e-5)
+        for got, want in zip(static, concat, strict=True):
+            np.testing.assert_allclose(got[:, :, :total], want.numpy(), rtol=0, atol=1e-5)
+            assert not got[:, :, total:].any()  # rows past the run's are never written
+        length, own, hidden = total, token.reshape(1, 1), hidden_out
+    assert length == 7 + 1 + 1 + 3
+
+
+def _graph_nodes(path: Path) -> list:
+    import onnx
+
+    return list(onnx.load(str(path), load_external_data=False).graph.node)

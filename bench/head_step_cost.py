@@ -1,0 +1,149 @@
+"""The head step's cost by attention form (docs/heads.md, "The head step's attention"): a trained head's head_step.onnx
+exported in both static forms, `standard` (RoPE, cache write and masked softmax in default-domain ops) and `gqa` (one
+GroupQueryAttention, rotary inside), each in its greedy form, run alone with the static cache of the pack's length,
+one captured CUDA graph per run shape, the drawn token read back after every run (what the runtime pays per step).
+
+    python bench/head_step_cost.py --head HEAD --target TARGET_DIR --json OUT.json [--max-len 2560] [--dtype fp16]
+        [--context 256] [--reps 300] [--device cuda]
+
+Run shapes: a drafted row (C 0, W 1) and a catch-up of 3 rows after a verify (C 3, W 0), after `--context` cached rows.
+Both forms get the same random inputs; their tokens are compared (fp16 kernels may differ in the last bits: reported,
+not asserted). `--device cpu` is a dry run of the same code (no capture): the tests' tiny head.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMS = ("standard", "gqa")
+SHAPES = {"draft (C 0, W 1)": (0, 1), "catch-up (C 3, W 0)": (3, 0)}
+EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
+
+
+def export_forms(head: Path, target: Path, work: Path, dtype: str, max_len: int) -> dict[str, Path]:
+    """head_step.onnx in each form (export/head_export.py), under work/FORM/."""
+    from specpack.export.head_export import export_head_step
+    from specpack.heads.head_file import read_head
+
+    vocab = read_head(head).config.vocab_rows
+    paths = {}
+    for form in FORMS:
+        out = work / form / "head_step.onnx"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        export_head_step(head, target, out, dtype, vocab, "static", 0, form, max_len)
+        print(f"[head_step_cost] exported the {form} form in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+        paths[form] = out
+    return paths
+
+
+def time_form(path: Path, device: str, max_len: int, context: int, reps: int, seed: int) -> dict[str, Any]:
+    """Median ms per run (token read back each run) of each run shape; the graph's node count and the tokens drawn."""
+    import onnx
+    import onnxruntime as ort
+
+    from specpack import names
+    from specpack.graphs.greedy_form import greedy_form
+    from specpack.runtime.device_buffers import DeviceArray, bind
+
+    model = onnx.load(str(path), load_external_data=False)
+    dims = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in model.graph.input}
+    elem = {i.name: i.type.tensor_type.elem_type for i in model.graph.input}
+    dtype = np.float16 if elem[names.HIDDEN_IN] == onnx.TensorProto.FLOAT16 else np.float32
+    feature_dim, hidden = dims[names.FEATURES][3], dims[names.HIDDEN_IN][2]
+    kv_heads, head_dim = dims[names.past_name(0, "key")][1], dims[names.past_name(0, "key")][3]
+    vocab = next(o for o in model.graph.output if o.name == names.PROBS).type.tensor_type.shape.dim[1].dim_value
+    opts = ort.SessionOptions()
+    opts.add_session_config_entry(EXTERNAL_DATA_FOLDER, str(path.parent))
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if device == "cuda":
+        providers.insert(0, ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}))
+    session = ort.InferenceSession(greedy_form(path), sess_options=opts, providers=providers)
+    rng = np.random.default_rng(seed)
+    features = DeviceArray((1, 1, max_len, feature_dim), dtype, device)  # [1, 1, M, F] the target's features cache
+    features.write(rng.normal(0, 1, (1, 1, max_len, feature_dim)).astype(dtype))
+    past = [DeviceArray((1, kv_heads, max_len, head_dim), dtype, device) for _ in range(2)]  # [1, kvh, M, D]
+    for buffer in past:
+        buffer.write(rng.normal(0, 1, buffer.shape).astype(dtype))
+    sampling = {names.TEMPERATURE: (np.zeros(1, np.float32)), names.TOP_K: np.zeros(1, np.int64),
+                names.TOP_P: np.ones(1, np.float32), names.UNIFORM: np.full(1, 0.5, np.float32)}
+    out: dict[str, Any] = {"nodes": len(model.graph.node), "shapes": {}}
+    for label, (c, w) in SHAPES.items():
+        arrays = {names.INPUT_IDS: DeviceArray((1, c), np.int64, device), names.DRAFT_IDS: DeviceArray((1, w), np.int64, device),
+                  names.HIDDEN_IN: DeviceArray((1, w, hidden), dtype, device),
+                  names.ATTENTION_MASK: DeviceArray((1, max_len), np.int64, device),
+                  **{name: DeviceArray(value.shape, value.dtype, device) for name, value in sampling.items()}}
+        for name, value in sampling.items():
+            arrays[name].write(value)
+        if c:
+            arrays[names.INPUT_IDS].write(rng.integers(0, vocab, (1, c)))
+        if w:
+            arrays[names.DRAFT_IDS].write(rng.integers(0, vocab, (1, w)))
+            arrays[names.HIDDEN_IN].write(rng.normal(0, 1, (1, w, hidden)).astype(dtype))
+        arrays[names.ATTENTION_MASK].write((np.arange(max_len) < context + c + w).astype(np.int64)[None])
+        token, probs = DeviceArray((1,), np.int64, device), DeviceArray((1, vocab), np.float32, device)
+        hidden_out = DeviceArray((1, 1, hidden), dtype, device)
+        binding = session.io_binding()
+        inputs = {name: array.view() for name, array in arrays.items()}
+        inputs |= {names.FEATURES: features.view(), names.past_name(0, "key"): past[0].view(),
+                   names.past_name(0, "value"): past[1].view()}
+        outputs = {names.TOKEN: token.view(), names.PROBS: probs.view(), names.HIDDEN_OUT: hidden_out.view(),
+                   names.present_name(0, "key"): past[0].view(), names.present_name(0, "value"): past[1].view()}
+        bind(binding, device, inputs, outputs)
+        options = ort.RunOptions()
+        options.add_run_config_entry("gpu_graph_id", str(len(out["shapes"])))
+        for _ in range(5):  # warm-up; the capture happens in these runs
+            session.run_with_iobinding(binding, options)
+        first = int(token.read()[0])
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            session.run_with_iobinding(binding, options)
+            int(token.read()[0])
+            times.append(time.perf_counter() - t0)
+        out["shapes"][label] = {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
+                                "token": first}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--head", required=True, type=Path)
+    parser.add_argument("--target", required=True, type=Path, help="the target's model directory (the head's)")
+    parser.add_argument("--json", required=True, type=Path)
+    parser.add_argument("--max-len", type=int, default=2560)
+    parser.add_argument("--dtype", default="fp16")
+    parser.add_argument("--context", type=int, default=256)
+    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as work:
+        paths = export_forms(args.head, args.target, Path(work), args.dtype, args.max_len)
+        result: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "max_len": args.max_len,
+                                  "context": args.context, "reps": args.reps, "forms": {}}
+        for form, path in paths.items():
+            result["forms"][form] = time_form(path, args.device, args.max_len, args.context, args.reps, seed=0)
+    standard, gqa = result["forms"]["standard"], result["forms"]["gqa"]
+    result["ratio_gqa_over_standard"] = {label: gqa["shapes"][label]["median_ms"] / standard["shapes"][label]["median_ms"]
+                                         for label in SHAPES}
+    result["same_tokens"] = {label: gqa["shapes"][label]["token"] == standard["shapes"][label]["token"]
+                             for label in SHAPES}
+    args.json.write_text(json.dumps(result, indent=1))
+    for form, entry in result["forms"].items():
+        print(f"{form:9s} {entry['nodes']:4d} nodes  " + "  ".join(
+            f"{label}: {s['median_ms']:.3f} ms" for label, s in entry["shapes"].items()))
+    print(json.dumps({"ratio_gqa_over_standard": result["ratio_gqa_over_standard"],
+                      "same_tokens": result["same_tokens"]}))
+
+
+if __name__ == "__main__":
+    main()
