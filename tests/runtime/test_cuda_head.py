@@ -73,9 +73,30 @@ def head_greedy_accepted(cpu: Pack, dev: Pack) -> int:
 
 def test_greedy_equals_the_target_alone_on_both_backends(cpu: Pack, dev: Pack) -> None:
     assert head_greedy_accepted(cpu, dev) > 0  # the head's drafts pass sometimes: the accept path ran
+    from specpack.runtime.backends.cuda import LONG_CHUNK
+
     head = dev.backend.draft().engine  # type: ignore[attr-defined]
-    keys = set(head.slots[0].bindings)  # (C, W, current): captured shapes only, C <= k_max + 1
-    assert keys and all(c <= cpu.manifest.k_max + 1 and w in (0, 1) for c, w, _ in keys), keys
+    keys = set(head.slots[0].bindings)  # (C, W, current): captured shapes only, C <= k_max + 1 or a LONG_CHUNK chunk
+    assert keys and all((c <= cpu.manifest.k_max + 1 or c == LONG_CHUNK) and w in (0, 1) for c, w, _ in keys), keys
+    assert any(c == LONG_CHUNK for c, _, _ in keys)  # the 45-token prompt's catch-up went as captured chunks
+
+
+def test_chunked_catch_ups_write_what_one_run_writes(head_dirs: tuple[Path, Path, Path], dev: Pack) -> None:
+    """The head's catch-up over a 45-token prompt as captured chunks (LONG_CHUNK, then k_max + 1 and the rest) writes
+    the head's cache rows one uncaptured run writes (greedy identity alone would hold whatever the head computed)."""
+    prompt = np.random.default_rng(6).integers(0, dev.manifest.vocab_size - 8, 45).tolist()
+    one_run = device_pack(head_dirs[0], chunked_runs=False)
+    try:
+        caches = []
+        for pack in (dev, one_run):
+            assert pack.generate(prompt, 4, k=2).stats["proposed"] > 0  # the first proposal caught up on the prompt
+            cache = pack.backend.draft().engine.slots[0].cache  # type: ignore[attr-defined]
+            caches.append([buffer.read()[:, :, : len(prompt)] for buffer in cache._buffers])  # [1, kvh, 45, D] each
+        for chunked, whole in zip(*caches, strict=True):
+            assert chunked.any()
+            np.testing.assert_allclose(chunked, whole, rtol=0, atol=1e-5)
+    finally:
+        one_run.close()
 
 
 def test_sampled_tokens_equal_the_cpu_backend(cpu: Pack, dev: Pack) -> None:

@@ -6,7 +6,11 @@
 The head reads the target's whole features cache [1, 1, M, F] (what the static verify writes in place, DeviceTarget)
 and takes rows [L, L + C) in the graph, so a run binds the same buffers whatever the head's length L: the greedy form
 is captured once per (C, W, which half of the ping-pong is the input) for C <= k_max + 1 and replayed. A longer catch-up
-(the prompt's rows, at the first proposal) runs uncaptured from a [1, max_len] staging buffer. Per step the host
+(the prompt's rows at the first proposal, or the rows committed during k = 0 steps) runs, where the backend chunks
+greedy runs (`chunked_runs`), as captured chunks of LONG_CHUNK rows while more are left, then of k_max + 1 and the
+rest, as the target's prefill does: no graph per prompt length and no uncaptured run (the first catch-up of a prompt
+of 256 rows took 59 ms uncaptured on an H100, 22x a target step: bench/README.md, "Run F"); otherwise uncaptured
+from a [1, max_len] staging buffer. Per step the host
 uploads the C + W new ids (a few bytes) and reads back the drawn token, never q or logits.
 """
 
@@ -20,7 +24,7 @@ import numpy as np
 from specpack import names
 from specpack.contract.manifest import HeadEntry
 from specpack.limits import numpy_dtype
-from specpack.runtime.backends.cuda import SlotBase, SlotSessions
+from specpack.runtime.backends.cuda import LONG_CHUNK, SlotBase, SlotSessions
 from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView, bind
 from specpack.runtime.engine import HeadTreeRun, TopRows, head_rows, tree_refusal
 from specpack.runtime.head_tree_rows import HeadTreeBuffers
@@ -109,19 +113,32 @@ class DeviceHead(SlotSessions[_HeadSlot]):
 
     def step(self, state: DecodeState, end: int, row: int) -> int:
         slot = self.slots[state.slot]
+        c, w = head_rows(slot.cache.length, end, state.length)
+        if self._chunked(slot):  # a long greedy catch-up as captured chunks (cuda.py's LONG_CHUNK, then k_max + 1)
+            while c > self.short_max and c != LONG_CHUNK:
+                piece = LONG_CHUNK if c > LONG_CHUNK else self.short_max
+                self._run(state, slot, piece, 0, row)  # its token, q and hidden_out are overwritten by the next
+                c -= piece
+        return self._run(state, slot, c, w, row)
+
+    def _chunked(self, slot: _HeadSlot) -> bool:
+        return self.backend.chunked_runs and slot.greedy
+
+    def _run(self, state: DecodeState, slot: _HeadSlot, c: int, w: int, row: int) -> int:
+        """One run over the next C catch-up rows and W drafted rows (head_rows), its drawn token read back."""
         cache, current = slot.cache, slot.current
         start = cache.length
-        c, w = head_rows(start, end, state.length)
         kv_inputs = cache.bind_inputs(c + w)  # uploads the mask when the length changed
         ids = self._upload_ids(slot, state.ids[None, start + 1 : start + 1 + c])  # [1, C]
         if w:
-            slot.draft_id.write(state.ids[None, end - 1 : end])  # [1, 1]
+            slot.draft_id.write(state.ids[None, start + 1 : start + 2])  # [1, 1] x_{t+1} of the drafted row t = start
             if slot.tree is not None:  # the tree form: a chain's own row sits at its cache row
                 slot.tree.position.write(np.array([[start + c]], np.int64))
         if not slot.greedy:
             slot.uniform.write(state.uniforms.draft[row : row + 1])
         session = self.session(slot.greedy)
-        captured = slot.greedy and c <= self.short_max  # fixed shapes and addresses: bound once, captured, replayed
+        # fixed shapes and addresses: bound once, captured, replayed
+        captured = slot.greedy and (c <= self.short_max or (self._chunked(slot) and c == LONG_CHUNK))
         key = (c, w, current)
         binding = slot.bindings.get(key) if captured else None
         if binding is None:
@@ -220,7 +237,7 @@ class DeviceHead(SlotSessions[_HeadSlot]):
         c = host.shape[1]
         if c == 0:
             return slot.draft_id.view((1, 0))
-        if c <= self.short_max:
+        if c <= self.short_max or c == LONG_CHUNK:  # the captured run shapes (LONG_CHUNK: a chunked catch-up's)
             if c not in slot.ids:
                 slot.ids[c] = DeviceArray((1, c), np.int64, self.device)
             slot.ids[c].write(host)
