@@ -32,6 +32,10 @@ PriorCosts replaces the measurements by fixed relative costs where the k schedul
 clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
 deterministic: tests feed a fake clock.
 
+A step during which the backend ran a captured shape for one of its first runs (Backend.warmup_runs: ONNX Runtime
+runs a new CUDA graph shape plainly, then captures it) gives no sample at all: those runs cost several steps once,
+and a k whose only samples hold one looks slow until it is tried again, which it then never is (Run F on an H100:
+adaptive k locked at k = 0 on 15 of 26 Spec-Bench requests of a freshly loaded pack; bench/README.md, "Run F").
 A step right after a k = 0 step, and a request's first step, give no per-draft sample (their V(k) samples are
 kept), and ks are compared only once a draft was timed: the model drafter first catches up on the tokens committed
 without it, a head drafter's first proposal reads the whole prompt's features, and neither is a draft's cost. On a
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -141,8 +146,12 @@ class MeasuredCosts:
     lengths in one comparison.
     """
 
-    def __init__(self, k_max: int, window: int, verify_slope: float) -> None:
+    def __init__(self, k_max: int, window: int, verify_slope: float, warmups: Callable[[], int] | None = None) -> None:
+        """warmups: the backend's count of warm-up runs so far (Backend.warmup_runs); a step during which it grew
+        gives no sample."""
         self.window, self.verify_slope = window, verify_slope  # the slope is used while a single k is known
+        self.warmups = warmups
+        self._warmups_seen = warmups() if warmups is not None else 0
         self.rest: list[deque[float]] = [deque(maxlen=window) for _ in range(k_max + 1)]  # [k_max+1] V(k) samples
         self.per_draft: deque[float] = deque(maxlen=window)                               # d samples
         self.earlier: list[float | None] = [None] * (k_max + 1)  # [k_max+1] V(k) medians of earlier requests
@@ -168,6 +177,10 @@ class MeasuredCosts:
         return drafts_timed and any(self.measured(k) for k in range(len(self.rest)))
 
     def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
+        if self.warmups is not None:  # a shape captured during this step: its time is not the shape's cost
+            seen, self._warmups_seen = self._warmups_seen, self.warmups()
+            if self._warmups_seen != seen:
+                return
         self.rest[k].append(max(elapsed_s - draft_s, 0.0))
         if k > 0 and per_draft:
             self.per_draft.append(draft_s / k)
@@ -245,14 +258,15 @@ class AdaptiveK:
     """The KPolicy of `k="auto"`: the k of the highest expected tokens per unit time, within 0..k_max."""
 
     def __init__(self, k_max: int, config: AdaptiveConfig | None = None, costs: Costs | None = None,
-                 acceptance: Acceptance | None = None) -> None:
-        """`costs`: the pack's cost model for this drafter (kept across requests), or None: a fresh one. `acceptance`:
-        E[accepted | k] from what was verified (None: AcceptanceModel, a chain's; tree_policy.py: a tree's)."""
+                 acceptance: Acceptance | None = None, warmups: Callable[[], int] | None = None) -> None:
+        """`costs`: the pack's cost model for this drafter (kept across requests), or None: a fresh one (`warmups`: the
+        backend's warm-up run count, MeasuredCosts). `acceptance`: E[accepted | k] from what was verified (None:
+        AcceptanceModel, a chain's; tree_policy.py: a tree's)."""
         self.config = config or AdaptiveConfig()
         self._k_max = k_max
         self.acceptance: Acceptance = acceptance or AcceptanceModel(k_max, self.config)
         self.costs: Costs = costs if costs is not None else MeasuredCosts(k_max, self.config.window,
-                                                                          self.config.verify_slope)
+                                                                          self.config.verify_slope, warmups)
         self.costs.start()
         self._tokens = [0.0] * (k_max + 1)  # [k_max+1] 1 + E[accepted | k]
         self._times = [0.0] * (k_max + 1)   # [k_max+1] k d + V(k)

@@ -119,6 +119,10 @@ class Backend(Protocol):
         load: BackendOptions.verified_reads)."""
         ...
 
+    def warmup_runs(self) -> int:
+        """Runs so far of a captured shape before its graph replays: what adaptive k must not time (0: none)."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -199,10 +199,12 @@ class Pack:
                 nodes = tree if isinstance(tree, int) else k
                 return FixedTree(nodes, width) if nodes else FixedK(0)
             return self._adaptive(drafter, params, seed,
-                                  lambda costs: TreePolicy(self.max_nodes, width, costs=costs), self.max_nodes)
+                                  lambda costs: TreePolicy(self.max_nodes, width, costs=costs,
+                                                           warmups=self.backend.warmup_runs), self.max_nodes)
         if k is not None:
             return FixedK(k)
-        return self._adaptive(drafter, params, seed, lambda costs: AdaptiveK(self.manifest.k_max, costs=costs),
+        return self._adaptive(drafter, params, seed, lambda costs: AdaptiveK(self.manifest.k_max, costs=costs,
+                                                                             warmups=self.backend.warmup_runs),
                               self.manifest.k_max)
 
     def _adaptive(self, drafter: str, params: SamplingParams, seed: int | None,

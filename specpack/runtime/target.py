@@ -218,6 +218,10 @@ class EngineBackend(Generic[V, D]):
                     self._draft = Draft(self._open_draft())
         return self._draft
 
+    def warmup_runs(self) -> int:
+        """Runs so far of a captured shape before its graph replays (the cuda backend's; 0 where nothing is captured)."""
+        return 0
+
     def close(self) -> None:
         self._target.engine.close()
         if self._draft is not None:

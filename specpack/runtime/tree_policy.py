@@ -40,6 +40,7 @@ PriorCosts (pack.py), so the T schedule and the shapes follow acceptance alone, 
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 
@@ -134,11 +135,11 @@ class TreePolicy(AdaptiveK):
     budgets, TreeAcceptance's tokens), and `state.tree` set to the best tree's shape for it."""
 
     def __init__(self, nodes_max: int, max_width: int, config: AdaptiveConfig | None = None,
-                 costs: Costs | None = None, margin: float = MARGIN) -> None:
+                 costs: Costs | None = None, margin: float = MARGIN, warmups: Callable[[], int] | None = None) -> None:
         config = config or AdaptiveConfig()
         self.trees = TreeAcceptance(nodes_max, max_width, config)
         self.margin = margin
-        super().__init__(nodes_max, config, costs, acceptance=self.trees)
+        super().__init__(nodes_max, config, costs, acceptance=self.trees, warmups=warmups)
 
     def best(self, low: int = 0) -> int:
         """The smallest budget in low..T_max whose estimated rate is within `margin` of the highest (module docstring:

@@ -58,6 +58,9 @@ if TYPE_CHECKING:
 
 PROVIDER = "CUDAExecutionProvider"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
+# ONNX Runtime runs a new gpu_graph_id once as a plain run (its allocations), captures it on the next run and replays
+# it from then on: a shape's first CAPTURE_RUNS runs cost several replays each (warm-up runs, DeviceSession.warmup_runs)
+CAPTURE_RUNS = 2
 # A greedy run over more than k_max + 1 tokens goes as captured chunks of LONG_CHUNK tokens, then of k_max + 1.
 # Measured on an H200 (bench/README.md, "Drafters on the GPU"): an uncaptured run over 82 tokens took about 50 ms,
 # a captured chunk of k_max + 1 = 9 tokens 1.3 ms (the 0.5B draft) to 2.2 ms (the 1.5B target): a catch-up after
@@ -106,6 +109,8 @@ class DeviceSession:
         self.input_names = {spec.name for spec in entry.graph.inputs}
         self._graph_ids: dict[tuple[Any, ...], int] = {}
         self._run_options: dict[int, Any] = {}
+        self._runs: dict[int, int] = {}  # graph id -> its runs so far
+        self.warmup_runs = 0  # runs of a captured shape before its graph replays (CAPTURE_RUNS per shape)
 
     def _open(self, model: Path | bytes, folder: Path, device: str, capture: bool, threads: int | None) -> Any:
         from specpack.runtime.ort_session import session_options
@@ -131,6 +136,8 @@ class DeviceSession:
         graph_id = SKIP_CAPTURE
         if self.capture and key is not None:
             graph_id = self._graph_ids.setdefault(key, len(self._graph_ids))
+            runs = self._runs[graph_id] = self._runs.get(graph_id, 0) + 1
+            self.warmup_runs += runs <= CAPTURE_RUNS
         options = self._run_options.get(graph_id)
         if options is None:
             options = self._run_options[graph_id] = self._ort.RunOptions()
@@ -475,11 +482,19 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
 
     def capture_report(self) -> dict[str, Any]:
         """Whether each opened greedy session captures CUDA graphs, how many, and why not."""
+        return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
+                for label, s in self._greedy_sessions().items()}
+
+    def warmup_runs(self) -> int:
+        """Runs of captured shapes before their graphs replay, in every session opened so far: a step that ran one is
+        no cost sample for adaptive k (adaptive_k.MeasuredCosts; a capture costs several steps once)."""
+        return sum(s.warmup_runs for s in self._greedy_sessions().values())
+
+    def _greedy_sessions(self) -> dict[str, DeviceSession]:
         target = self._target.engine
         models = {"target": target, "draft": self._draft.engine if self._draft is not None else None}
         sessions = {label: s for label, model in models.items() if model is not None
                     for s in [model._sessions.get(True)] if s is not None}
         if target._compact_session is not None:
             sessions["kv_compact"] = target._compact_session
-        return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
-                for label, s in sessions.items()}
+        return sessions
