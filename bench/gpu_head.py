@@ -11,7 +11,8 @@ train   `specpack distill --device cuda` on the target (default recipe: Python's
 export  `spec-export --draft-head` in the cuda backend's form (static cache, GQA, fp16, k 8, max_len 2560);
         --graphs builder: the target is onnxruntime-genai's model builder graph with the features cache added
 decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive, the head at k 1..6 and adaptive,
-        prompt lookup at k 4, each prompt's runs back to back; step costs at 256 tokens (c, v(k)); predicted speedups
+        prompt lookup at k 4, each prompt's runs back to back; step costs at 256 tokens (c, v(k)); predicted speedups;
+        every run's steps ([k, accepted, step ms, draft ms, warm-up runs so far]; so does specbench)
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4,
         after a warm-up on the first decode prompt (since Run F, whose Spec-Bench phase had none)
@@ -61,6 +62,34 @@ HEAD_TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("c
 KEEP_CHUNK = 15 << 20
 CORPUS_FILES = ("corpus.npz", "corpus.json", "corpus.key.json")  # distill's saved corpus (specpack/distill/data.py)
 DISTILL = ["--device", "cuda", "--seq-len", "512", "--no-progress", "--checkpoint-every", "100000"]
+
+
+class TracedPolicy:
+    """A request's k policy, every step recorded: [k, accepted, step ms, draft ms, warm-up runs so far] (Run F could
+    not tell why adaptive k locked at k = 0: its results held totals only)."""
+
+    def __init__(self, policy: Any, steps: list[list[float]], warmups: Any) -> None:
+        self.policy, self.steps, self.warmups = policy, steps, warmups
+
+    @property
+    def k_max(self) -> int:
+        return int(self.policy.k_max)
+
+    def next_k(self, state: Any) -> int:
+        return int(self.policy.next_k(state))
+
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float, *, tree: Any = None) -> None:
+        self.steps.append([k, n_accepted, round(elapsed_s * 1e3, 4), round(draft_s * 1e3, 4), self.warmups()])
+        self.policy.observe(k, n_accepted, elapsed_s, draft_s, tree=tree)
+
+
+def trace_steps(pack: Any) -> list[list[float]]:
+    """Wrap the pack's policies (bench only): the returned list holds the steps of the requests that follow; clear
+    it between requests."""
+    steps: list[list[float]] = []
+    make = pack.policy
+    pack.policy = lambda *args, **kwargs: TracedPolicy(make(*args, **kwargs), steps, pack.backend.warmup_runs)
+    return steps
 
 
 def log(line: str) -> None:
@@ -125,12 +154,14 @@ def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
     for _, drafter, k in runs:  # warm up: capture every run shape
         pack.generate(encoded[0][1], 32, k=k, drafter=drafter)
     costs = measure_step_costs(pack, list(range(1, 9)), 256, encoded[0][1], reps=30).to_dict()
+    steps = trace_steps(pack)
     rows = []
     for prompt, ids in encoded:
         row: dict[str, Any] = {"id": prompt.id, "prompt_tokens": len(ids)}
         for label, drafter, k in runs:
+            steps.clear()
             out = pack.generate(ids, 128, k=k, drafter=drafter)
-            row[label] = {"tokens": out.tokens, "stats": dict(out.stats)}
+            row[label] = {"tokens": out.tokens, "stats": dict(out.stats), "steps": list(steps)}
         row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in runs}
         rows.append(row)
         log(f"{prompt.id}: " + ", ".join(f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}" for label, _, _ in runs))
@@ -153,6 +184,7 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
     warm = gpu.real_prompts(args)[0]  # warm up as the decode phase does: capture every run shape before timing
     for _, drafter, k in runs:
         pack.generate(pack.encode(warm.text, chat=warm.chat), 32, k=k, drafter=drafter)
+    steps = trace_steps(pack)
     for prompt in read_prompts(files, SPEC_BENCH_PER_CATEGORY):
         ids = pack.encode(prompt.text, chat=prompt.chat)
         if len(ids) > SPEC_BENCH_MAX_PROMPT:
@@ -160,8 +192,9 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
             continue
         row: dict[str, Any] = {"id": prompt.id, "category": prompt.category, "prompt_tokens": len(ids)}
         for label, drafter, k in runs:
+            steps.clear()
             out = pack.generate(ids, 128, k=k, drafter=drafter)
-            row[label] = {"tokens": out.tokens, "stats": dict(out.stats)}
+            row[label] = {"tokens": out.tokens, "stats": dict(out.stats), "steps": list(steps)}
         row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in runs}
         rows.append(row)
         log(f"{prompt.id} ({prompt.category}): " + ", ".join(
