@@ -6,7 +6,10 @@ one captured CUDA graph per run shape, the drawn token read back after every run
     python bench/head_step_cost.py --head HEAD --target TARGET_DIR --json OUT.json [--max-len 2560] [--dtype fp16]
         [--context 256] [--reps 300] [--device cuda]
 
-Run shapes: a drafted row (C 0, W 1) and a catch-up of 3 rows after a verify (C 3, W 0), after `--context` cached rows.
+Run shapes: a drafted row (C 0, W 1) and a catch-up of 3 rows after a verify (C 3, W 0), after `--context` cached rows;
+each timed with and without the token's read-back, beside the floor: a one-Add graph run the same way (what ONNX
+Runtime costs per run whatever the graph). For kernel times, run it under Nsight Compute on the device machine
+(`ncu --clock-control none --print-summary per-kernel python bench/head_step_cost.py ... --reps 3`).
 Both forms get the same random inputs; their tokens are compared (fp16 kernels may differ in the last bits: reported,
 not asserted). `--device cpu` is a dry run of the same code (no capture): the tests' tiny head.
 """
@@ -104,15 +107,52 @@ def time_form(path: Path, device: str, max_len: int, context: int, reps: int, se
         for _ in range(5):  # warm-up; the capture happens in these runs
             session.run_with_iobinding(binding, options)
         first = int(token.read()[0])
-        times = []
+        times, runs = [], []
         for _ in range(reps):
             t0 = time.perf_counter()
             session.run_with_iobinding(binding, options)
+            t1 = time.perf_counter()
             int(token.read()[0])
             times.append(time.perf_counter() - t0)
+            runs.append(t1 - t0)
         out["shapes"][label] = {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
-                                "token": first}
+                                "run_median_ms": statistics.median(runs) * 1e3, "token": first}
     return out
+
+
+def time_floor(device: str, reps: int) -> dict[str, float]:
+    """What ONNX Runtime costs per run whatever the graph: one Add over [1] fp32, bound and captured the same way,
+    its output read back (the head step's fixed part: everything above it is the head's own kernels)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    from specpack.runtime.device_buffers import DeviceArray, bind
+
+    graph = helper.make_graph([helper.make_node("Add", ["x", "one"], ["y"])], "floor",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
+                              [helper.make_tensor("one", TensorProto.FLOAT, [1], [1.0])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    providers: list[Any] = ["CPUExecutionProvider"]
+    if device == "cuda":
+        providers.insert(0, ("CUDAExecutionProvider", {"enable_cuda_graph": "1"}))
+    session = ort.InferenceSession(model.SerializeToString(), providers=providers)
+    x, y = DeviceArray((1,), np.float32, device), DeviceArray((1,), np.float32, device)
+    binding = session.io_binding()
+    bind(binding, device, {"x": x.view()}, {"y": y.view()})
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", "0")
+    for _ in range(5):
+        session.run_with_iobinding(binding, options)
+    runs, reads = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        session.run_with_iobinding(binding, options)
+        t1 = time.perf_counter()
+        float(y.read()[0])
+        runs.append(t1 - t0)
+        reads.append(time.perf_counter() - t0)
+    return {"run_median_ms": statistics.median(runs) * 1e3, "run_and_read_median_ms": statistics.median(reads) * 1e3}
 
 
 def main() -> None:
@@ -132,6 +172,7 @@ def main() -> None:
                                   "context": args.context, "reps": args.reps, "forms": {}}
         for form, path in paths.items():
             result["forms"][form] = time_form(path, args.device, args.max_len, args.context, args.reps, seed=0)
+        result["floor"] = time_floor(args.device, args.reps)
     standard, gqa = result["forms"]["standard"], result["forms"]["gqa"]
     result["ratio_gqa_over_standard"] = {label: gqa["shapes"][label]["median_ms"] / standard["shapes"][label]["median_ms"]
                                          for label in SHAPES}
@@ -142,7 +183,7 @@ def main() -> None:
         print(f"{form:9s} {entry['nodes']:4d} nodes  " + "  ".join(
             f"{label}: {s['median_ms']:.3f} ms" for label, s in entry["shapes"].items()))
     print(json.dumps({"ratio_gqa_over_standard": result["ratio_gqa_over_standard"],
-                      "same_tokens": result["same_tokens"]}))
+                      "same_tokens": result["same_tokens"], "floor": result["floor"]}))
 
 
 if __name__ == "__main__":
