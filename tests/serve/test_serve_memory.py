@@ -79,7 +79,9 @@ def test_large_prompts_meeting_a_full_queue_are_refused_before_they_are_tokenize
     body = large_body(config)
     with serve_in_thread(build_app(live.pack, config)) as url:
         busy = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=30)
-        live.pack.delay = 0.25  # the decoder stays busy for >= 5 s (>= 22 steps), whatever k and this machine's speed
+        # the decoder stays busy for >= 22 s (>= 22 text pieces): at 0.25 s a piece (>= 5 s), a CI run on 2 busy cores
+        # once took longer to deliver the 24 bodies, two were admitted after it and refused for their length (400)
+        live.pack.delay = 1.0
         running = busy.completions.create(model=MODEL, prompt="x", max_tokens=200, stream=True)
         next(running)  # the decoder is busy and no request may wait: the queue is full
         rss = PeakRSS()
