@@ -16,6 +16,8 @@ decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4,
         after a warm-up on the first decode prompt (since Run F, whose Spec-Bench phase had none)
+specbench-before  the same as specbench with the head's long catch-ups uncaptured and warm-up runs timed (the runtime
+        of Run F), into "specbench_before": an A/B of the two changes made after it, same session
 headcost  bench/head_step_cost.py: the trained head's step graph in the standard and the gqa form (the pack's since
         the gqa head form), each alone on the card, CUDA graphs, median ms per run (docs/heads.md)
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
@@ -171,13 +173,19 @@ def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
     pack.close()
 
 
-def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """Per Spec-Bench category: AR, the head at k 2 and adaptive, prompt lookup k 4 (greedy, 128 tokens)."""
+def phase_specbench(args: argparse.Namespace, result: dict[str, Any], before_fixes: bool = False) -> None:
+    """Per Spec-Bench category: AR, the head at k 2 and adaptive, prompt lookup k 4 (greedy, 128 tokens).
+    before_fixes (`specbench-before`, into result["specbench_before"]): the same with the runtime as Run F had it, for
+    an A/B in one session: the head's long catch-ups in one uncaptured run, warm-up runs timed by adaptive k."""
     import specpack as sp
     from specpack.prompts import read_prompts
 
     files = [p for p in args.prompts if "spec_bench" in p]
     pack = sp.load(Path(args.work) / "pack-head", device=args.device)
+    if before_fixes:  # bench only: the two changes made after Run F switched off on this instance
+        head = pack.backend.draft().engine  # type: ignore[attr-defined]
+        head._chunked = lambda slot: False
+        pack.backend.warmup_runs = lambda: 0  # type: ignore[method-assign]
     runs: list[tuple[str, str, int | None]] = [("ar", "head", 0), ("head-2", "head", 2), ("head-auto", "head", None),
                                                ("ngram-4", "ngram", 4)]
     rows, skipped = [], 0
@@ -206,8 +214,9 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any]) -> None:
         categories[category] = {"prompts": len(part), "ar_tokens_per_s": ar, **{
             label: {"speedup": _rate(part, label) / ar, "identical": sum(r["identical"][label] for r in part)}
             for label, _, _ in runs[1:]}}
-    result["specbench"] = {"rows": rows, "categories": categories, "skipped_long": skipped,
-                           "per_category": SPEC_BENCH_PER_CATEGORY, "max_prompt": SPEC_BENCH_MAX_PROMPT}
+    result["specbench_before" if before_fixes else "specbench"] = {
+        "rows": rows, "categories": categories, "skipped_long": skipped, "per_category": SPEC_BENCH_PER_CATEGORY,
+        "max_prompt": SPEC_BENCH_MAX_PROMPT, "before_fixes": before_fixes}
     log(json.dumps(categories, indent=1))
     pack.close()
 
@@ -394,6 +403,7 @@ def main() -> None:
     phases = {"card": lambda: result.__setitem__("card", gpu.card()), "train": lambda: phase_train(args, result),
               "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
               "genai": lambda: phase_genai(args, result), "specbench": lambda: phase_specbench(args, result),
+              "specbench-before": lambda: phase_specbench(args, result, before_fixes=True),
               "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result),
               "headcost": lambda: phase_headcost(args, result),
               "headtrees": lambda: phase_headtrees(args, result)}
