@@ -1,12 +1,15 @@
-"""The draft head's trees against its chains on the CPU, one head tree pack, same prompts, same run (issue 23).
+"""A drafter's trees against its chains on the CPU, one tree pack, same prompts, same run (issue 23).
 
     python bench/cpu_head_trees.py --pack PACK --prompts HumanEval.jsonl.gz mt_bench_question.jsonl \\
         --out bench/results/cpu_head_trees.json [--prompts-per-file 4] [--max-new-tokens 64] [--threads 2]
+        [--drafter head|ngram] [--categories summarization rag ...]
 
-PACK: `spec-export --draft-head HEAD --kv-cache static --max-tree-nodes T`. Each prompt is decoded greedily by every
-configuration back to back: the target alone (k 0), the head's chains (k 2, adaptive) and its trees (4, 8, 16 nodes a
-step, the tree policy). Reported per configuration: the median over prompts of tau (tokens per verify), alpha, decode
-tokens/s and its ratio to the target alone's, and whether every output equals the target alone's.
+PACK: `spec-export --draft-head HEAD --kv-cache static --max-tree-nodes T` (the head), or `--drafter ngram --kv-cache
+static --max-tree-nodes T` (prompt lookup). Each prompt is decoded greedily by every configuration back to back: the
+target alone (k 0), the drafter's chains (the head: k 2; prompt lookup: k 4; both adaptive) and its trees (4, 8, 16
+nodes a step, the tree policy). Reported per configuration: the median over prompts of tau (tokens per verify),
+alpha, decode tokens/s and its ratio to the target alone's, and whether every output equals the target alone's.
+`--categories`: only a prompt file's prompts of these categories (Spec-Bench's).
 """
 
 from __future__ import annotations
@@ -19,9 +22,14 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-CONFIGS: list[tuple[str, int | None, str | int]] = [  # (label, k, tree)
-    ("ar", 0, "off"), ("chain-k2", 2, "off"), ("chain-auto", None, "off"),
-    ("tree-4", None, 4), ("tree-8", None, 8), ("tree-16", None, 16), ("tree-auto", None, "auto")]
+CHAIN_K = {"head": 2, "ngram": 4}  # the fixed chain each drafter is benchmarked at on the GPU (bench/gpu_head.py)
+
+
+def configs(drafter: str) -> list[tuple[str, int | None, str | int]]:
+    """(label, k, tree) of every configuration."""
+    k = CHAIN_K[drafter]
+    return [("ar", 0, "off"), (f"chain-k{k}", k, "off"), ("chain-auto", None, "off"),
+            ("tree-4", None, 4), ("tree-8", None, 8), ("tree-16", None, 16), ("tree-auto", None, "auto")]
 
 
 def main() -> None:
@@ -35,18 +43,23 @@ def main() -> None:
     parser.add_argument("--prompts-per-file", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--drafter", choices=sorted(CHAIN_K), default="head")
+    parser.add_argument("--categories", nargs="*", help="only prompts of these categories")
     args = parser.parse_args()
+    CONFIGS = configs(args.drafter)
 
     load_start = os.getloadavg()
     pack = specpack.load(args.pack, threads=args.threads)
-    prompts = [p for path in args.prompts for p in read_prompts([path], None)[: args.prompts_per_file]]
+    prompts = [p for path in args.prompts
+               for p in [q for q in read_prompts([path], None)
+                         if not args.categories or q.category in args.categories][: args.prompts_per_file]]
     for _, k, tree in CONFIGS:  # warm-up: sessions, the policies' first costs
-        pack.generate(prompts[0].text, 8, k=k, drafter="head", tree=tree, chat=prompts[0].chat)
+        pack.generate(prompts[0].text, 8, k=k, drafter=args.drafter, tree=tree, chat=prompts[0].chat)
     rows: list[dict[str, Any]] = []
     for prompt in prompts:
         row: dict[str, Any] = {"id": prompt.id}
         for label, k, tree in CONFIGS:
-            out = pack.generate(prompt.text, args.max_new_tokens, k=k, drafter="head", tree=tree, chat=prompt.chat)
+            out = pack.generate(prompt.text, args.max_new_tokens, k=k, drafter=args.drafter, tree=tree, chat=prompt.chat)
             row[label] = {key: out.stats[key] for key in ("tokens_per_s", "alpha", "tau", "tree")}
             row[label]["tokens"] = out.tokens
             print(f"{prompt.id} {label}: tau {out.stats['tau']} alpha {out.stats['alpha']} "
@@ -58,7 +71,8 @@ def main() -> None:
     summary = {label: {"tau": _median(rows, label, "tau"), "alpha": _median(rows, label, "alpha"),
                        "tokens_per_s": _median(rows, label, "tokens_per_s"), "speedup": _median(rows, label, "speedup"),
                        "identical": sum(r[label]["identical"] for r in rows)} for label, _, _ in CONFIGS}
-    record = {"pack": str(args.pack), "prompts": [p.id for p in prompts], "max_new_tokens": args.max_new_tokens,
+    record = {"pack": str(args.pack), "drafter": args.drafter, "prompts": [p.id for p in prompts],
+              "max_new_tokens": args.max_new_tokens,
               "threads": args.threads, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_before": load_start, "load_after": os.getloadavg(), "summary": summary, "rows": rows}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
