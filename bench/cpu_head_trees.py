@@ -9,7 +9,8 @@ static --max-tree-nodes T` (prompt lookup). Each prompt is decoded greedily by e
 target alone (k 0), the drafter's chains (the head: k 2; prompt lookup: k 4; both adaptive) and its trees (4, 8, 16
 nodes a step, the tree policy). Reported per configuration: the median over prompts of tau (tokens per verify),
 alpha, decode tokens/s and its ratio to the target alone's, and whether every output equals the target alone's.
-`--categories`: only a prompt file's prompts of these categories (Spec-Bench's).
+`--categories`: only a prompt file's prompts of these categories (Spec-Bench's); `--only LABEL ...`: only those
+configurations (and ar); `--repeat N`: N interleaved rounds per prompt, tokens/s the median of the rounds.
 """
 
 from __future__ import annotations
@@ -45,8 +46,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--drafter", choices=sorted(CHAIN_K), default="head")
     parser.add_argument("--categories", nargs="*", help="only prompts of these categories")
+    parser.add_argument("--only", nargs="*", help="only these configurations (labels; ar always runs)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="rounds over the configurations per prompt, interleaved; tokens/s: the median")
     args = parser.parse_args()
-    CONFIGS = configs(args.drafter)
+    CONFIGS = [c for c in configs(args.drafter) if not args.only or c[0] == "ar" or c[0] in args.only]
 
     load_start = os.getloadavg()
     pack = specpack.load(args.pack, threads=args.threads)
@@ -58,12 +62,15 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     for prompt in prompts:
         row: dict[str, Any] = {"id": prompt.id}
-        for label, k, tree in CONFIGS:
-            out = pack.generate(prompt.text, args.max_new_tokens, k=k, drafter=args.drafter, tree=tree, chat=prompt.chat)
-            row[label] = {key: out.stats[key] for key in ("tokens_per_s", "alpha", "tau", "tree")}
-            row[label]["tokens"] = out.tokens
-            print(f"{prompt.id} {label}: tau {out.stats['tau']} alpha {out.stats['alpha']} "
-                  f"{out.stats['tokens_per_s']:.2f} tok/s", flush=True)
+        for _ in range(args.repeat):  # rounds interleave the configurations: drift on a shared VM hits all alike
+            for label, k, tree in CONFIGS:
+                out = pack.generate(prompt.text, args.max_new_tokens, k=k, drafter=args.drafter, tree=tree,
+                                    chat=prompt.chat)
+                rates = [*row.get(label, {}).get("rounds", []), out.stats["tokens_per_s"]]
+                row[label] = {key: out.stats[key] for key in ("alpha", "tau", "tree")}
+                row[label] |= {"tokens": out.tokens, "rounds": rates, "tokens_per_s": statistics.median(rates)}
+                print(f"{prompt.id} {label}: tau {out.stats['tau']} alpha {out.stats['alpha']} "
+                      f"{out.stats['tokens_per_s']:.2f} tok/s", flush=True)
         for label, _, _ in CONFIGS:
             row[label]["identical"] = row[label].pop("tokens") == row["ar"]["tokens"] if label != "ar" else True
             row[label]["speedup"] = row[label]["tokens_per_s"] / row["ar"]["tokens_per_s"]
@@ -72,7 +79,7 @@ def main() -> None:
                        "tokens_per_s": _median(rows, label, "tokens_per_s"), "speedup": _median(rows, label, "speedup"),
                        "identical": sum(r[label]["identical"] for r in rows)} for label, _, _ in CONFIGS}
     record = {"pack": str(args.pack), "drafter": args.drafter, "prompts": [p.id for p in prompts],
-              "max_new_tokens": args.max_new_tokens,
+              "max_new_tokens": args.max_new_tokens, "repeat": args.repeat,
               "threads": args.threads, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
               "load_before": load_start, "load_after": os.getloadavg(), "summary": summary, "rows": rows}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
