@@ -59,8 +59,16 @@ if TYPE_CHECKING:
 PROVIDER = "CUDAExecutionProvider"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
 # ONNX Runtime runs a new gpu_graph_id once as a plain run (its allocations), captures it on the next run and replays
-# it from then on: a shape's first CAPTURE_RUNS runs cost several replays each (warm-up runs, DeviceSession.warmup_runs)
+# it from then on: a shape's first CAPTURE_RUNS runs cost several replays each (warm-up runs, WarmupRuns)
 CAPTURE_RUNS = 2
+
+
+class WarmupRuns:
+    """The backend's count of warm-up runs so far, in every session it opened (CudaBackend.warmup_runs): one shared
+    counter, so reading it per step allocates nothing."""
+
+    def __init__(self) -> None:
+        self.count = 0
 # A greedy run over more than k_max + 1 tokens goes as captured chunks of LONG_CHUNK tokens, then of k_max + 1.
 # Measured on an H200 (bench/README.md, "Drafters on the GPU"): an uncaptured run over 82 tokens took about 50 ms,
 # a captured chunk of k_max + 1 = 9 tokens 1.3 ms (the 0.5B draft) to 2.2 ms (the 1.5B target): a catch-up after
@@ -85,8 +93,10 @@ class DeviceSession:
     """One ONNX Runtime session over one form of a graph, run through IOBindings, with CUDA graph ids."""
 
     def __init__(self, model: Path | bytes, folder: Path, entry: ModelEntry | HeadEntry, device: str, capture: bool,
-                 threads: int | None, external: dict[str, bytes] | None = None) -> None:
-        """external: verified bytes of the external data files (a pinned load; then `folder` is never read)."""
+                 threads: int | None, external: dict[str, bytes] | None = None,
+                 warmups: WarmupRuns | None = None) -> None:
+        """external: verified bytes of the external data files (a pinned load; then `folder` is never read); warmups:
+        the backend's counter of warm-up runs (each captured shape's first CAPTURE_RUNS runs)."""
         import onnxruntime as ort
 
         self._external, self.entry_name = external, entry.graph.path
@@ -110,7 +120,7 @@ class DeviceSession:
         self._graph_ids: dict[tuple[Any, ...], int] = {}
         self._run_options: dict[int, Any] = {}
         self._runs: dict[int, int] = {}  # graph id -> its runs so far
-        self.warmup_runs = 0  # runs of a captured shape before its graph replays (CAPTURE_RUNS per shape)
+        self._warmups = warmups if warmups is not None else WarmupRuns()
 
     def _open(self, model: Path | bytes, folder: Path, device: str, capture: bool, threads: int | None) -> Any:
         from specpack.runtime.ort_session import session_options
@@ -137,7 +147,7 @@ class DeviceSession:
         if self.capture and key is not None:
             graph_id = self._graph_ids.setdefault(key, len(self._graph_ids))
             runs = self._runs[graph_id] = self._runs.get(graph_id, 0) + 1
-            self.warmup_runs += runs <= CAPTURE_RUNS
+            self._warmups.count += runs <= CAPTURE_RUNS
         options = self._run_options.get(graph_id)
         if options is None:
             options = self._run_options[graph_id] = self._ort.RunOptions()
@@ -441,6 +451,7 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
                                 expected=f"--max-tree-nodes >= --k ({manifest.k_max})", found=f"max_nodes {tree.max_nodes}",
                                 hint="re-export with --max-tree-nodes at least --k")
         self.path, self.manifest, self.options, self.device = path, manifest, options, device
+        self._warmups = WarmupRuns()  # every session's warm-up runs (open_session hands it over)
         self.cuda_graphs = cuda_graphs and options.cuda_graphs and device == "cuda"
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
         self.drafts_max = manifest.k_max if tree is None else tree.max_nodes  # the most drafts (nodes) a verify takes
@@ -478,23 +489,21 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
 
             model = greedy_form(graph_path, model if isinstance(model, bytes) else None)
         capture = greedy and self.cuda_graphs if capture is None else capture
-        return DeviceSession(model, graph_path.parent, entry, self.device, capture, self.options.threads, external)
+        return DeviceSession(model, graph_path.parent, entry, self.device, capture, self.options.threads, external,
+                             self._warmups)
 
     def capture_report(self) -> dict[str, Any]:
         """Whether each opened greedy session captures CUDA graphs, how many, and why not."""
-        return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
-                for label, s in self._greedy_sessions().items()}
-
-    def warmup_runs(self) -> int:
-        """Runs of captured shapes before their graphs replay, in every session opened so far: a step that ran one is
-        no cost sample for adaptive k (adaptive_k.MeasuredCosts; a capture costs several steps once)."""
-        return sum(s.warmup_runs for s in self._greedy_sessions().values())
-
-    def _greedy_sessions(self) -> dict[str, DeviceSession]:
         target = self._target.engine
         models = {"target": target, "draft": self._draft.engine if self._draft is not None else None}
         sessions = {label: s for label, model in models.items() if model is not None
                     for s in [model._sessions.get(True)] if s is not None}
         if target._compact_session is not None:
             sessions["kv_compact"] = target._compact_session
-        return sessions
+        return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
+                for label, s in sessions.items()}
+
+    def warmup_runs(self) -> int:
+        """Runs of captured shapes before their graphs replay, in every session opened so far: a step that ran one is
+        no cost sample for adaptive k (adaptive_k.MeasuredCosts; a capture costs several steps once)."""
+        return self._warmups.count
