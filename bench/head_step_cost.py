@@ -102,22 +102,31 @@ def time_form(path: Path, device: str, max_len: int, context: int, reps: int, se
         outputs = {names.TOKEN: token.view(), names.PROBS: probs.view(), names.HIDDEN_OUT: hidden_out.view(),
                    names.present_name(0, "key"): past[0].view(), names.present_name(0, "value"): past[1].view()}
         bind(binding, device, inputs, outputs)
-        options = ort.RunOptions()
-        options.add_run_config_entry("gpu_graph_id", str(len(out["shapes"])))
-        for _ in range(5):  # warm-up; the capture happens in these runs
-            session.run_with_iobinding(binding, options)
-        first = int(token.read()[0])
-        times, runs = [], []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            session.run_with_iobinding(binding, options)
-            t1 = time.perf_counter()
-            int(token.read()[0])
-            times.append(time.perf_counter() - t0)
-            runs.append(t1 - t0)
-        out["shapes"][label] = {"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3,
-                                "run_median_ms": statistics.median(runs) * 1e3, "token": first}
+        timed = time_runs(session, binding, len(out["shapes"]), token, reps)
+        out["shapes"][label] = {"median_ms": timed["run_and_read_median_ms"], "min_ms": timed["run_and_read_min_ms"],
+                                "run_median_ms": timed["run_median_ms"], "token": int(token.read()[0])}
     return out
+
+
+def time_runs(session: Any, binding: Any, graph_id: int, output: Any, reps: int) -> dict[str, float]:
+    """Warm up (the capture happens there), then `reps` runs: ms per run alone and with `output` read back after it
+    (what the runtime pays per step: it reads the drawn token)."""
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    for _ in range(5):
+        session.run_with_iobinding(binding, options)
+    runs, reads = [], []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        session.run_with_iobinding(binding, options)
+        t1 = time.perf_counter()
+        output.read()
+        runs.append(t1 - t0)
+        reads.append(time.perf_counter() - t0)
+    return {"run_median_ms": statistics.median(runs) * 1e3, "run_and_read_median_ms": statistics.median(reads) * 1e3,
+            "run_and_read_min_ms": min(reads) * 1e3}
 
 
 def time_floor(device: str, reps: int) -> dict[str, float]:
@@ -140,19 +149,8 @@ def time_floor(device: str, reps: int) -> dict[str, float]:
     x, y = DeviceArray((1,), np.float32, device), DeviceArray((1,), np.float32, device)
     binding = session.io_binding()
     bind(binding, device, {"x": x.view()}, {"y": y.view()})
-    options = ort.RunOptions()
-    options.add_run_config_entry("gpu_graph_id", "0")
-    for _ in range(5):
-        session.run_with_iobinding(binding, options)
-    runs, reads = [], []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        session.run_with_iobinding(binding, options)
-        t1 = time.perf_counter()
-        float(y.read()[0])
-        runs.append(t1 - t0)
-        reads.append(time.perf_counter() - t0)
-    return {"run_median_ms": statistics.median(runs) * 1e3, "run_and_read_median_ms": statistics.median(reads) * 1e3}
+    timed = time_runs(session, binding, 0, y, reps)
+    return {key: timed[key] for key in ("run_median_ms", "run_and_read_median_ms")}
 
 
 def main() -> None:
