@@ -28,7 +28,8 @@ keep    the trained head's files and its training corpus (HEAD/ckpt/corpus.*) sp
         session train on that corpus without building it again (8 minutes on an H200 for run E's): its key (recipe,
         data options, seed, target hash) must match, so pass the same --data
 trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, --tree-graphs, static, fp16): prompt
-        lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR
+        lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR; after
+        `headtrees` (and no training), on the head's tree pack instead
 headtrees  a tree pack of the trained head (--draft-head, on --tree-graphs): the head's chains (k 2, adaptive) and
         EAGLE-2 trees (auto, 4, 8, 16 nodes) on the 8 prompts, with the tree pack's own AR
 Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
@@ -51,7 +52,7 @@ import gpu
 PROBE_STEPS = 20
 K_SWEEP = (1, 2, 3, 4, 6)
 MAX_LEN = 2560
-SPEC_BENCH_PER_CATEGORY = 2
+SPEC_BENCH_PER_CATEGORY = 4
 SPEC_BENCH_MAX_PROMPT = 2048
 TREE_NODES = 16
 TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-4", 4, "off"), ("chain-auto", None, "off"),
@@ -230,7 +231,7 @@ def phase_headcost(args: argparse.Namespace, result: dict[str, Any]) -> None:
     out = work / "headcost.json"
     subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "head_step_cost.py"), "--head",
                     str(work / "head"), "--target", str(target), "--json", str(out), "--max-len", str(MAX_LEN),
-                    "--device", args.device], check=True)
+                    "--device", args.device, *(["--profile"] if args.device == "cuda" else [])], check=True)
     result["headcost"] = json.loads(out.read_text())
 
 
@@ -276,15 +277,21 @@ def start_tree_export(args: argparse.Namespace) -> subprocess.Popen[bytes]:
 
 
 def phase_trees(args: argparse.Namespace, result: dict[str, Any]) -> None:
-    """Prompt lookup, chains vs trees, on the tree pack (exported beside the training)."""
+    """Prompt lookup, chains vs trees, on the tree pack (exported beside the training), or on the head's tree pack
+    when `headtrees` ran before and no training started one (prompt lookup runs on every pack: one export less)."""
+    work = Path(args.work)
     proc = getattr(args, "tree_export", None)
-    if proc is None and not (Path(args.work) / "pack-tree" / "manifest.json").is_file():
-        proc = start_tree_export(args)
+    pack_dir = work / "pack-tree"
+    if proc is None and not (pack_dir / "manifest.json").is_file():
+        if (work / "pack-head-tree" / "manifest.json").is_file():
+            pack_dir = work / "pack-head-tree"
+        else:
+            proc = start_tree_export(args)
     code = 0 if proc is None else proc.wait()
     if code:
-        tail = (Path(args.work) / "tree-export.log").read_text(errors="replace")[-2000:]
+        tail = (work / "tree-export.log").read_text(errors="replace")[-2000:]
         raise RuntimeError(f"tree export exit {code}: {tail}")
-    result["trees"] = tree_runs(args, Path(args.work) / "pack-tree", "ngram", TREE_RUNS, args.tree_graphs)
+    result["trees"] = {"pack": pack_dir.name, **tree_runs(args, pack_dir, "ngram", TREE_RUNS, args.tree_graphs)}
 
 
 def phase_headtrees(args: argparse.Namespace, result: dict[str, Any]) -> None:

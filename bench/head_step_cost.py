@@ -4,12 +4,15 @@ GroupQueryAttention, rotary inside), each in its greedy form, run alone with the
 one captured CUDA graph per run shape, the drawn token read back after every run (what the runtime pays per step).
 
     python bench/head_step_cost.py --head HEAD --target TARGET_DIR --json OUT.json [--max-len 2560] [--dtype fp16]
-        [--context 256] [--reps 300] [--device cuda]
+        [--context 256] [--reps 300] [--device cuda] [--profile]
 
 Run shapes: a drafted row (C 0, W 1) and a catch-up of 3 rows after a verify (C 3, W 0), after `--context` cached rows;
 each timed with and without the token's read-back, beside the floor: a one-Add graph run the same way (what ONNX
 Runtime costs per run whatever the graph). For kernel times, run it under Nsight Compute on the device machine
-(`ncu --clock-control none --print-summary per-kernel python bench/head_step_cost.py ... --reps 3`).
+(`ncu --clock-control none --print-summary per-kernel python bench/head_step_cost.py ... --reps 3`), or `--profile`:
+each form's drafted-row run replayed PROFILE_RUNS times under PyTorch's profiler (CUPTI sees every kernel of the process,
+ONNX Runtime's inside its CUDA graphs too): the kernels' time per run beside the run's wall time, and the kernels by
+total time (where the step's 0.29 ms goes: its kernels, or the gaps between them).
 Both forms get the same random inputs; their tokens are compared (fp16 kernels may differ in the last bits: reported,
 not asserted). `--device cpu` is a dry run of the same code (no capture): the tests' tiny head.
 """
@@ -28,6 +31,8 @@ from typing import Any
 import numpy as np
 
 FORMS = ("standard", "gqa")
+PROFILE_RUNS = 50
+PROFILE_TOP = 25
 SHAPES = {"draft (C 0, W 1)": (0, 1), "catch-up (C 3, W 0)": (3, 0)}
 EXTERNAL_DATA_FOLDER = "session.model_external_initializers_file_folder_path"
 
@@ -49,8 +54,10 @@ def export_forms(head: Path, target: Path, work: Path, dtype: str, max_len: int)
     return paths
 
 
-def time_form(path: Path, device: str, max_len: int, context: int, reps: int, seed: int) -> dict[str, Any]:
-    """Median ms per run (token read back each run) of each run shape; the graph's node count and the tokens drawn."""
+def time_form(path: Path, device: str, max_len: int, context: int, reps: int, seed: int, profile: bool = False
+              ) -> dict[str, Any]:
+    """Median ms per run (token read back each run) of each run shape; the graph's node count and the tokens drawn;
+    with `profile`, the drafted row's kernels (profile_runs)."""
     import onnx
     import onnxruntime as ort
 
@@ -105,7 +112,41 @@ def time_form(path: Path, device: str, max_len: int, context: int, reps: int, se
         timed = time_runs(session, binding, len(out["shapes"]), token, reps)
         out["shapes"][label] = {"median_ms": timed["run_and_read_median_ms"], "min_ms": timed["run_and_read_min_ms"],
                                 "run_median_ms": timed["run_median_ms"], "token": int(token.read()[0])}
+        if profile and w:  # the drafted row: what a chain pays per draft
+            out["shapes"][label]["profile"] = profile_runs(session, binding, len(out["shapes"]) - 1, token)
     return out
+
+
+def profile_runs(session: Any, binding: Any, graph_id: int, output: Any) -> dict[str, Any]:
+    """PROFILE_RUNS replays of the captured run (its token read back each run) under PyTorch's profiler: the kernels'
+    device time per run, the wall time per run, and the PROFILE_TOP kernels by total time (us per run, launches per
+    run)."""
+    import onnxruntime as ort
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("gpu_graph_id", str(graph_id))
+    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU  # CPU: a dry run, no kernels
+    with profile(activities=[activity]) as prof:
+        t0 = time.perf_counter()
+        for _ in range(PROFILE_RUNS):
+            session.run_with_iobinding(binding, options)
+            output.read()
+        wall = time.perf_counter() - t0
+    kernels: dict[str, list[float]] = {}
+    for event in prof.events():
+        us = float(getattr(event, "device_time", 0.0) or getattr(event, "cuda_time", 0.0) or 0.0)
+        if us > 0:
+            entry = kernels.setdefault(event.name, [0.0, 0.0])
+            entry[0], entry[1] = entry[0] + us, entry[1] + 1
+    total_us = sum(us for us, _ in kernels.values())
+    ranked = sorted(kernels.items(), key=lambda item: -item[1][0])
+    return {"runs": PROFILE_RUNS, "wall_us_per_run": wall / PROFILE_RUNS * 1e6,
+            "kernel_us_per_run": total_us / PROFILE_RUNS,
+            "launches_per_run": sum(n for _, n in kernels.values()) / PROFILE_RUNS,
+            "top": [{"name": name[:120], "us_per_run": us / PROFILE_RUNS, "launches_per_run": n / PROFILE_RUNS}
+                    for name, (us, n) in ranked[:PROFILE_TOP]]}
 
 
 def time_runs(session: Any, binding: Any, graph_id: int, output: Any, reps: int) -> dict[str, float]:
@@ -163,13 +204,15 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=256)
     parser.add_argument("--reps", type=int, default=300)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--profile", action="store_true", help="the drafted row's kernels under PyTorch's profiler")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         paths = export_forms(args.head, args.target, Path(work), args.dtype, args.max_len)
         result: dict[str, Any] = {"device": args.device, "dtype": args.dtype, "max_len": args.max_len,
                                   "context": args.context, "reps": args.reps, "forms": {}}
         for form, path in paths.items():
-            result["forms"][form] = time_form(path, args.device, args.max_len, args.context, args.reps, seed=0)
+            result["forms"][form] = time_form(path, args.device, args.max_len, args.context, args.reps, seed=0,
+                                              profile=args.profile)
         result["floor"] = time_floor(args.device, args.reps)
     standard, gqa = result["forms"]["standard"], result["forms"]["gqa"]
     result["ratio_gqa_over_standard"] = {label: gqa["shapes"][label]["median_ms"] / standard["shapes"][label]["median_ms"]

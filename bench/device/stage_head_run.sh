@@ -2,6 +2,8 @@
 # Stage what bench/gpu_head.py needs on the device machine (bench/README.md, "The draft head on the GPU"): the CUDA
 # wheels (../shared/device/stage ort-gpu first), the 1.5B target's GGUF and the prompt files, as .device/partNN of
 # 50 MiB (each part and the ~10 MiB repository stay under a call's 64 MiB), with ../shared/device/stage's unpack.sh.
+# HEAD_DIR (optional): an earlier run's head folder (head.json, head.safetensors), staged too: launch_head_run.sh puts it
+# in place of a training (phases without `train`).
 #   bash bench/device/stage_head_run.sh            then, per part:  run(carry=[.device/partNN, .device/unpack.sh],
 #                                                                        command="bash .device/unpack.sh N")
 set -euo pipefail
@@ -13,6 +15,7 @@ prompts=${PROMPTS_DIR:-$(cd .. && pwd)/shared/data/prompts}
 [ -f .device/unpack.sh ] || { echo "run ../shared/device/stage ort-gpu first (it writes .device/unpack.sh)" >&2; exit 2; }
 files=("$wheels"/*.whl "$gguf" "$prompts"/HumanEval.jsonl.gz "$prompts"/mt_bench_question.jsonl
        "$prompts"/spec_bench_question.jsonl)
+[ -n "${HEAD_DIR:-}" ] && files+=("$HEAD_DIR"/head.json "$HEAD_DIR"/head.safetensors)
 rm -f .device/part*
 tar -cf - -C / $(for f in "${files[@]}"; do readlink -f "$f" | sed 's|^/||'; done) | split -b 50M -d -a 2 - .device/part
 echo "$(ls .device/part* | wc -l) parts in .device/"
