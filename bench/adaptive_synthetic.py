@@ -6,7 +6,9 @@ Each request decodes 128 tokens greedily through the runtime's own loop (adaptiv
 matches the target's next token independently with probability p (the request's; the list below cycles through
 0.35-0.65, the spread of position-1 acceptance a trained head shows per prompt on the GPU), every step costs
 k c + v(k) target steps with 10 % lognormal noise on the times the policy sees. The requests run in order on one
-cost model, as a pack keeps it. Defaults: the head pack of Run F (H100: c 0.126, v(k) measured, v(1) taken as 1).
+cost model, as a pack keeps it; `auto-pooled` is adaptive k as a pack runs it since Run G, each request's acceptance
+shrunk toward the rates pooled over the earlier requests (PackAcceptance), `auto` the request's alone. Defaults: the
+head pack of Run F (H100: c 0.126, v(k) measured, v(1) taken as 1).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from adaptive_replay import K_MAX, replay
 
-from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, MeasuredCosts
+from specpack.runtime.adaptive_k import AcceptanceModel, AdaptiveConfig, AdaptiveK, MeasuredCosts, PackAcceptance
 from specpack.runtime.k_policy import FixedK
 
 ACCEPTANCE = (0.55, 0.5, 0.45, 0.6, 0.35, 0.55, 0.5, 0.65, 0.4, 0.55) * 2  # p per request, in order
@@ -40,14 +42,18 @@ def main() -> None:
     args = parser.parse_args()
     v = [float(x) for x in args.v.split(",")]
     config = AdaptiveConfig()
-    runs: dict[str, list[dict[str, Any]]] = {"auto": [], "k1": [], "k2": [], "k3": []}
+    runs: dict[str, list[dict[str, Any]]] = {"auto": [], "auto-pooled": [], "k1": [], "k2": [], "k3": []}
     for seed in range(args.seeds):
         rng = np.random.default_rng(seed)
-        costs = MeasuredCosts(K_MAX, config.window, config.verify_slope)
+        costs = {"auto": MeasuredCosts(K_MAX, config.window, config.verify_slope),
+                 "auto-pooled": MeasuredCosts(K_MAX, config.window, config.verify_slope)}
+        pooled = PackAcceptance(K_MAX, config)  # what a pack keeps across its requests (Pack.policy)
         for p in ACCEPTANCE:
             matches = [bool(m) for m in rng.random(NEW_TOKENS - 1) < p]
             for name, rows in runs.items():
-                policy = AdaptiveK(K_MAX, config, costs=costs) if name == "auto" else FixedK(int(name[1:]))
+                policy: Any = FixedK(int(name[1:])) if name.startswith("k") else AdaptiveK(
+                    K_MAX, config, costs=costs[name],
+                    acceptance=AcceptanceModel(K_MAX, config, pack=pooled if name == "auto-pooled" else None))
                 rows.append({"p": p, **replay(matches, policy, args.c, v, rng, 0.1)})
     summary: dict[str, Any] = {}
     for name, rows in runs.items():
@@ -57,8 +63,9 @@ def main() -> None:
                                   for p in sorted(set(ACCEPTANCE))}}
     locked = sum(r["k_histogram"][0] > 0.8 * sum(r["k_histogram"]) for r in runs["auto"])
     summary["auto_requests_mostly_at_k0"] = f"{locked} of {len(runs['auto'])}"
-    summary["auto_over_k2"] = statistics.mean(a["speedup"] / b["speedup"] for a, b in zip(runs["auto"], runs["k2"],
-                                                                                            strict=True))
+    for name in ("auto", "auto-pooled"):
+        summary[f"{name}_over_k2"] = statistics.mean(a["speedup"] / b["speedup"]
+                                                      for a, b in zip(runs[name], runs["k2"], strict=True))
     print(json.dumps(summary, indent=1))
     if args.json:
         args.json.write_text(json.dumps({"c": args.c, "v": v, "seeds": args.seeds, "acceptance": ACCEPTANCE,

@@ -74,22 +74,32 @@ class AdaptiveConfig:
     probe_every: int = 8            # k = 0 steps before a probe at the best k >= 1
     probe_max: int = 64             # the longest interval between probes
     neighbor_every: int = 16        # every this many drafting steps, one at a neighbour of the best k
+    pack_weight: float = 4.0        # pseudo-steps of the pack's pooled rates in a request's (PackAcceptance)
+    pack_decay: float = 0.995       # per step, on the pack's pooled counts (~200 steps of memory, over requests)
 
 
 class AcceptanceModel:
-    """Decayed per-position counts -> E[accepted | k] for every k (see the module docstring)."""
+    """Decayed per-position counts -> E[accepted | k] for every k (see the module docstring); with `pack`, a request's
+    rates are shrunk toward the pack's pooled ones instead (PackAcceptance), and its observations go there too."""
 
-    def __init__(self, k_max: int, config: AdaptiveConfig) -> None:
+    def __init__(self, k_max: int, config: AdaptiveConfig, pack: PackAcceptance | None = None,
+                 decay: float | None = None) -> None:
         self.config = config
+        self.pack = pack
+        self.decay = config.decay if decay is None else decay
         self.reached = [0.0] * k_max  # [k_max] decayed steps that verified draft i with drafts 0..i-1 accepted
         self.passed = [0.0] * k_max   # [k_max] ... of which draft i was accepted too
         self._age = 0                 # steps since the counts last decayed
+        self._pack_rates = [0.0] * k_max  # [k_max] the pack's h_i, read per estimate
+        self._rates = [0.0] * k_max       # [k_max] this request's h_i, per estimate
 
     def observe(self, k: int, n_accepted: int) -> None:
+        if self.pack is not None:
+            self.pack.observe(k, n_accepted)
         self._age += 1
         if k == 0:  # nothing verified: the counts age once the next drafts are verified, and by idle_memory at most
             return
-        decay, self._age = self.config.decay ** min(self._age, self.config.idle_memory), 0
+        decay, self._age = self.decay ** min(self._age, self.config.idle_memory), 0
         for i in range(len(self.reached)):
             self.reached[i] *= decay
             self.passed[i] *= decay
@@ -97,17 +107,51 @@ class AcceptanceModel:
             self.reached[i] += 1.0
             self.passed[i] += i < n_accepted
 
-    def expected_accepted(self, out: list[float]) -> None:
-        """out[k] = E[accepted | k] for k in 0..k_max (out has k_max + 1 entries)."""
+    def rates(self, out: list[float]) -> None:
+        """out[i] = h_i, the estimated P(draft i + 1 accepted | drafts 1..i accepted), for i in 0..k_max - 1."""
+        if self.pack is not None and self.pack.informed():
+            self.pack.rates(self._pack_rates)
+            w = self.config.pack_weight
+            for i in range(len(self.reached)):  # shrunk toward the pack's rate at the same position
+                out[i] = (self.passed[i] + w * self._pack_rates[i]) / (self.reached[i] + w)
+            return
         w = self.config.prior_weight
         h = (sum(self.passed) + w * self.config.prior_acceptance) / (sum(self.reached) + w)  # pooled
+        for i in range(len(self.reached)):
+            h = out[i] = (self.passed[i] + w * h) / (self.reached[i] + w)  # h_i, shrunk toward h_{i-1}
+
+    def expected_accepted(self, out: list[float]) -> None:
+        """out[k] = E[accepted | k] for k in 0..k_max (out has k_max + 1 entries)."""
+        self.rates(self._rates)
         survive, total = 1.0, 0.0
         out[0] = 0.0
-        for i in range(len(self.reached)):
-            h = (self.passed[i] + w * h) / (self.reached[i] + w)  # h_i, shrunk toward h_{i-1}
-            survive *= h
+        for i, rate in enumerate(self._rates):
+            survive *= rate
             total += survive
             out[i + 1] = total
+
+
+class PackAcceptance:
+    """A pack's acceptance for one drafter, pooled over its requests with a long memory (`pack_decay` per step): the
+    prior each new request's AcceptanceModel is shrunk toward (`pack_weight` pseudo-steps per position), in place of
+    the flat `prior_acceptance` worth `prior_weight` steps. A request then starts from what this drafter has shown
+    on this pack, and a few rejected first drafts no longer put its estimate under the break-even of k = 1 (Run G on an
+    H100: adaptive k at k 0 or 1 on 58 % of Spec-Bench steps where k 2 paid; bench/README.md, "Run G"). Until the
+    pack has verified `pack_weight` drafts, requests use the flat prior. Not used for sampling with a seed (the tokens
+    would then depend on earlier requests: Pack.policy)."""
+
+    def __init__(self, k_max: int, config: AdaptiveConfig) -> None:
+        self.model = AcceptanceModel(k_max, config, decay=config.pack_decay)
+        self.weight = config.pack_weight
+
+    def observe(self, k: int, n_accepted: int) -> None:
+        self.model.observe(k, n_accepted)
+
+    def informed(self) -> bool:
+        return self.model.reached[0] >= self.weight if self.model.reached else False
+
+    def rates(self, out: list[float]) -> None:
+        self.model.rates(out)
 
 
 class Acceptance(Protocol):

@@ -27,7 +27,7 @@ from specpack.contract.manifest import Manifest
 from specpack.errors import SpecpackError
 from specpack.limits import DRAFTERS, TREE_AUTO, TREE_OFF, TreeOption, check_tree
 from specpack.names import TOKENIZER_DIR
-from specpack.runtime.adaptive_k import AdaptiveK, Costs, PriorCosts
+from specpack.runtime.adaptive_k import AcceptanceModel, AdaptiveConfig, AdaptiveK, Costs, PackAcceptance, PriorCosts
 from specpack.runtime.backend import Backend, BackendOptions, open_backend
 from specpack.runtime.batcher import Batcher, Handle
 from specpack.runtime.drafter import Drafter, HeadDrafter, ModelDrafter
@@ -133,6 +133,7 @@ class Pack:
         self.max_nodes = 0 if tree is None else tree.max_nodes  # the most nodes a tree verify takes (0: no trees)
         # (drafter, the policy's most drafts or nodes) -> the step costs adaptive k or the tree policy measured here
         self._costs: dict[tuple[str, int], Costs] = {}
+        self._acceptance: dict[str, PackAcceptance] = {}  # drafter -> its chains' acceptance over this pack's requests
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock
         self.closed = False  # set by close(): the backend's sessions are gone
@@ -203,9 +204,16 @@ class Pack:
                                                            warmups=self.backend.warmup_runs), self.max_nodes)
         if k is not None:
             return FixedK(k)
-        return self._adaptive(drafter, params, seed, lambda costs: AdaptiveK(self.manifest.k_max, costs=costs,
-                                                                             warmups=self.backend.warmup_runs),
-                              self.manifest.k_max)
+        k_max = self.manifest.k_max
+
+        def chain(costs: Costs | None) -> AdaptiveK:
+            pooled = None
+            if not isinstance(costs, PriorCosts):  # seeded sampling: acceptance of this request alone (same seed, same k)
+                pooled = self._acceptance.setdefault(drafter, PackAcceptance(k_max, AdaptiveConfig()))
+            return AdaptiveK(k_max, costs=costs, warmups=self.backend.warmup_runs,
+                             acceptance=AcceptanceModel(k_max, AdaptiveConfig(), pack=pooled))
+
+        return self._adaptive(drafter, params, seed, chain, k_max)
 
     def _adaptive(self, drafter: str, params: SamplingParams, seed: int | None,
                   make: Callable[[Costs | None], AdaptiveK], size: int) -> AdaptiveK:

@@ -236,3 +236,15 @@ def _graph_nodes(path: Path) -> list:
     import onnx
 
     return list(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+@pytest.mark.parametrize("attention", ["standard", "gqa"])
+def test_the_static_head_step_reads_only_its_rows_of_the_features_cache(
+        tiny_head_pack: Callable[..., tuple[Path, Path, Path]], attention: str) -> None:
+    """The features cache [1, 1, M, F] enters the static head step through one Gather of the run's C rows (axis 2): no
+    node copies the whole cache. Indexing features[0, 0] first exported two Gathers that did, on every run: 86 us of
+    the 0.30 ms head step on an H100, 7 ms of 22 ms on the CPU at M 2560 (bench/README.md, "Run G")."""
+    pack_dir = tiny_head_pack("qwen2", kv_cache="static", head_dim=GQA_HEAD_DIM, attention=attention)[0]
+    assert Manifest.read(pack_dir).head.graph.attention == attention  # type: ignore[union-attr]
+    readers = [n for n in _graph_nodes(pack_dir / names.HEAD_STEP_FILE) if names.FEATURES in n.input]
+    assert [(n.op_type, [(a.name, a.i) for a in n.attribute]) for n in readers] == [("Gather", [("axis", 2)])]

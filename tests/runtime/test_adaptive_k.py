@@ -12,7 +12,15 @@ import numpy as np
 import pytest
 from harness import bigram_backend, greedy_reference, run, table
 
-from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, MeasuredCosts, PriorCosts, _interpolate
+from specpack.runtime.adaptive_k import (
+    AcceptanceModel,
+    AdaptiveConfig,
+    AdaptiveK,
+    MeasuredCosts,
+    PackAcceptance,
+    PriorCosts,
+    _interpolate,
+)
 from specpack.runtime.drafter import Drafter, ModelDrafter
 from specpack.runtime.ngram_drafter import NgramConfig, NgramDrafter
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
@@ -132,6 +140,39 @@ def test_a_warmup_step_gives_no_sample() -> None:
     costs.step_times(out)
     clean.step_times(want)
     assert out == want and out[2] < 20.0
+
+
+def test_a_request_starts_from_the_packs_acceptance() -> None:
+    """A request's acceptance is shrunk toward the rates pooled over the pack's earlier requests: after requests that
+    accepted most drafts, two rejected first drafts leave E[accepted | 1] near the pack's rate, where the request's
+    own estimate (a flat prior worth one step) falls to where k 0 wins on a GPU (Run G)."""
+    config = AdaptiveConfig()
+    pooled = PackAcceptance(4, config)
+    for _ in range(40):  # earlier requests: k 2, both accepted, 3 of 4 steps
+        for n in (2, 2, 2, 0):
+            pooled.observe(2, n)
+    shrunk, alone = AcceptanceModel(4, config, pack=pooled), AcceptanceModel(4, config)
+    for model in (shrunk, alone):
+        model.observe(2, 0)
+        model.observe(1, 0)
+    got, own = [0.0] * 5, [0.0] * 5
+    shrunk.expected_accepted(got)
+    alone.expected_accepted(own)
+    assert own[1] < 0.1 and 0.4 < got[1] < 0.75  # the pack's rate at position 1 is 0.75, worth 4 steps against 2
+    assert got[2] > got[1]  # and its second position (all accepted there) keeps k 2 worth trying
+
+
+def test_an_uninformed_pack_gives_the_flat_prior() -> None:
+    """Until the pack has verified `pack_weight` drafts, a request's estimate is the one it would have alone."""
+    config = AdaptiveConfig()
+    pooled = PackAcceptance(4, config)
+    shrunk, alone = AcceptanceModel(4, config, pack=pooled), AcceptanceModel(4, config)
+    for model in (shrunk, alone):
+        model.observe(3, 1)
+    got, own = [0.0] * 5, [0.0] * 5
+    shrunk.expected_accepted(got)
+    alone.expected_accepted(own)
+    assert not pooled.informed() and got == own
 
 
 def test_k0_when_drafts_are_rejected() -> None:

@@ -155,3 +155,21 @@ def test_a_static_pack_runs_on_the_reference_device(trt_pack: Path, tiny_pack, a
     for k, sampling in ((0, {}), (3, {}), (2, {"temperature": 0.8, "seed": 3})):
         assert ref.generate("def add(a, b):", 10, k=k, **sampling).tokens == \
             cpu.generate("def add(a, b):", 10, k=k, **sampling).tokens, (k, sampling)
+
+
+def test_adaptive_k_pools_acceptance_over_requests_but_not_for_seeded_sampling(tiny_pack) -> None:
+    """Pack.policy: every adaptive chain policy of one drafter shrinks toward one PackAcceptance, kept across requests;
+    a seeded sampling request's policy does not (its tokens must follow its seed alone, not the requests before it)."""
+    from specpack.runtime.adaptive_k import AdaptiveK
+    from specpack.sampling import SamplingParams
+
+    with specpack.load(tiny_pack("qwen2", "small")[0]) as pack:
+        greedy, sampled = SamplingParams(), SamplingParams(temperature=0.8)
+        first, second = (pack.policy(None, "model", greedy, None) for _ in range(2))
+        unseeded, seeded = pack.policy(None, "model", sampled, None), pack.policy(None, "model", sampled, 7)
+        assert all(isinstance(p, AdaptiveK) for p in (first, second, unseeded, seeded))
+        pooled = first.acceptance.pack  # type: ignore[attr-defined]
+        assert pooled is not None and second.acceptance.pack is pooled  # type: ignore[attr-defined]
+        assert unseeded.acceptance.pack is pooled  # type: ignore[attr-defined]
+        assert seeded.acceptance.pack is None  # type: ignore[attr-defined]
+        assert pack.policy(None, "ngram", greedy, None).acceptance.pack not in (None, pooled)  # type: ignore[attr-defined]
