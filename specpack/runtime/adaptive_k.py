@@ -13,7 +13,10 @@ of the highest rate (the smaller k on a tie):
 Acceptance (AcceptanceModel): decayed counts per draft position, `reached` and `passed` (a step that verified
 k drafts and accepted n reached positions 0..min(n, k-1) and passed 0..n-1), shrunk toward the pooled rate of
 all positions, itself shrunk toward a prior:
-    h_pool = (sum passed + w p0) / (sum reached + w),    h_i = (passed_i + w h_pool) / (reached_i + w)
+    h_pool = (sum passed + w p0) / (sum reached + w),    h_i = (passed_i + w h_{i-1}) / (reached_i + w),  h_{-1} = h_pool
+or, once the pack's requests have verified enough drafts (PackAcceptance, kept by Pack.policy per drafter, not for
+seeded sampling), toward the pack's pooled rate at the same position, worth `pack_weight` steps:
+    h_i = (passed_i + W H_i) / (reached_i + W)
 Every count decays by `decay` per step: old text weighs less, and positions no longer reached drift back to
 the pooled rate (which is how longer drafts get tried when acceptance is high). A run of k = 0 steps ages
 the counts by at most `idle_memory` steps, so a policy that stopped drafting does not forget why and drift
