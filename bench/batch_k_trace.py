@@ -3,7 +3,7 @@ beside what each step then cost, for N requests decoded together, against the sa
 (docs/batching.md, "What remains"; bench/README.md, "After BatchKCap's padded-width pricing").
 
     python bench/batch_k_trace.py PACK --prompts HumanEval.jsonl.gz [--clients 4] [--requests 8]
-        [--max-new-tokens 64] [--threads 2] [--json OUT.json]
+        [--max-new-tokens 64] [--threads 2] [--max-prompt-chars N] [--json OUT.json]
 
 PACK: exported with --max-batch N (the cpu backend opens its batched graphs). Greedy, in-process (pack.submit, no
 HTTP). Configurations, each on a fresh load: `auto` (k auto: BatchKCap, traced), `k0` (k 0 for every request), and
@@ -123,14 +123,16 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-prompt-chars", type=int, help="cut each prompt to this many characters (serve_load.py's)")
     parser.add_argument("--only", nargs="*", default=["auto", "k0", "alone"])
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
-    requests = [GenerateRequest(p.text, args.max_new_tokens, chat=p.chat) for p in read_prompts(args.prompts, args.requests)]
+    requests = [GenerateRequest(p.text[: args.max_prompt_chars], args.max_new_tokens, chat=p.chat)
+                for p in read_prompts(args.prompts, args.requests)]
     requests = requests[: args.requests]
     configs = {"auto": (args.clients, None, True), "k0": (args.clients, 0, False), "alone": (1, None, False)}
     results: dict[str, Any] = {"machine": f"{os.cpu_count()} cores", "requests": len(requests),
-                               "max_new_tokens": args.max_new_tokens}
+                               "max_new_tokens": args.max_new_tokens, "max_prompt_chars": args.max_prompt_chars}
     for name in args.only:
         clients, k, traced = configs[name]
         results[name] = run(args.pack, requests, clients, k, args.threads, traced)

@@ -21,6 +21,7 @@ specbench-before  the same as specbench with the head's long catch-ups uncapture
 headcost  bench/head_step_cost.py: the trained head's step graph in the standard and the gqa form (the pack's since
         the gqa head form), each alone on the card, CUDA graphs, median ms per run (docs/heads.md)
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
+arprofile  our k 0 step and onnxruntime-genai's (after `genai`) under PyTorch's profiler: kernels per token, the largest
 keep    the trained head's files and its training corpus (HEAD/ckpt/corpus.*) split into KEEP_CHUNK pieces under
         WORK/keep (with their sha256 in keep.json), for `run` calls to bring back 4 at a time (files back: 8 of 16 MiB,
         64 MiB a call); join them here with `cat head.safetensors.* > head.safetensors` and check the sha256 in
@@ -55,6 +56,7 @@ MAX_LEN = 2560
 SPEC_BENCH_PER_CATEGORY = 4
 SPEC_BENCH_MAX_PROMPT = 2048
 TREE_NODES = 16
+AR_PROFILE_TOKENS = 128
 TREE_RUNS: list[tuple[str, int | None, int | str]] = [("ar", 0, "off"), ("chain-4", 4, "off"), ("chain-auto", None, "off"),
                                                       ("tree-auto", None, "auto"), ("tree-8", None, 8),
                                                       ("tree-16", None, 16)]
@@ -385,6 +387,59 @@ def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
     result["genai"] = shared["real"].get("peers", {})
 
 
+def phase_arprofile(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Our k 0 step (the head pack's verify) and onnxruntime-genai's autoregressive step (its builder model, CUDA
+    graphs; after `genai`, which builds it) on the first decode prompt, AR_PROFILE_TOKENS tokens each, under PyTorch's
+    profiler (head_step_cost.py): kernels and copies per token beside the wall time per token, and the largest kernels.
+    Run G: our AR 2.61 ms a token, the peer's 2.24: where the difference goes."""
+    from head_step_cost import device_profiler, kernel_summary
+
+    import specpack as sp
+
+    work = Path(args.work)
+    prompt = gpu.real_prompts(args)[0]
+    pack = sp.load(work / "pack-head", device=args.device)
+    ids = pack.encode(prompt.text, chat=prompt.chat)
+    pack.generate(ids, AR_PROFILE_TOKENS, k=0)  # every run shape captured before the profile
+    with device_profiler() as prof:
+        t0 = time.perf_counter()
+        out = pack.generate(ids, AR_PROFILE_TOKENS, k=0)
+        wall = time.perf_counter() - t0
+    entry: dict[str, Any] = {"tokens": AR_PROFILE_TOKENS, "prompt": prompt.id, "prompt_tokens": len(ids),
+                             "ours": kernel_summary(prof, len(out.tokens), wall), "ours_stats": dict(out.stats)}
+    pack.close()
+    target = work / "genai-real-target"
+    if (target / "genai_config.json").exists():
+        import onnxruntime_genai as og
+
+        config = og.Config(str(target))
+        config.clear_providers()
+        config.append_provider("cuda")
+        config.set_provider_option("cuda", "enable_cuda_graph", "1")
+        model = og.Model(config)
+
+        def generate() -> int:
+            params = og.GeneratorParams(model)
+            params.set_search_options(max_length=len(ids) + AR_PROFILE_TOKENS, do_sample=False)
+            generator = og.Generator(model, params)
+            generator.append_tokens(ids)
+            n = 0
+            while not generator.is_done():
+                generator.generate_next_token()
+                n += 1
+            return n
+
+        generate()  # its graph captured
+        with device_profiler() as prof:
+            t0 = time.perf_counter()
+            n = generate()
+            wall = time.perf_counter() - t0
+        entry["onnxruntime_genai"] = kernel_summary(prof, n, wall)
+    result["arprofile"] = entry
+    log(json.dumps({name: {key: entry[name][key] for key in ("wall_us_per_run", "kernel_us_per_run", "launches_per_run")}
+                    for name in ("ours", "onnxruntime_genai") if name in entry}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", required=True)
@@ -413,7 +468,8 @@ def main() -> None:
               "specbench-before": lambda: phase_specbench(args, result, before_fixes=True),
               "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result),
               "headcost": lambda: phase_headcost(args, result),
-              "headtrees": lambda: phase_headtrees(args, result)}
+              "headtrees": lambda: phase_headtrees(args, result),
+              "arprofile": lambda: phase_arprofile(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:

@@ -122,32 +122,43 @@ def profile_runs(session: Any, binding: Any, graph_id: int, output: Any) -> dict
     device time per run, the wall time per run, and the PROFILE_TOP kernels by total time (us per run, launches per
     run)."""
     import onnxruntime as ort
-    import torch
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
 
     options = ort.RunOptions()
     options.add_run_config_entry("gpu_graph_id", str(graph_id))
-    activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU  # CPU: a dry run, no kernels
-    with profile(activities=[activity]) as prof:
+    with device_profiler() as prof:
         t0 = time.perf_counter()
         for _ in range(PROFILE_RUNS):
             session.run_with_iobinding(binding, options)
             output.read()
         wall = time.perf_counter() - t0
+    return kernel_summary(prof, PROFILE_RUNS, wall)
+
+
+def device_profiler() -> Any:
+    """PyTorch's profiler over the CUDA activity (CUPTI: every kernel and copy of the process, ONNX Runtime's inside
+    its CUDA graphs too); over the CPU where no GPU is (a dry run: no kernels)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU])
+
+
+def kernel_summary(prof: Any, runs: int, wall_s: float) -> dict[str, Any]:
+    """The profiled kernels and copies per run: device time, launches, the wall time, and the PROFILE_TOP by time."""
+    from torch.autograd import DeviceType
+
     kernels: dict[str, list[float]] = {}
     for event in prof.events():
         if event.device_type != DeviceType.CUDA:
             continue
-        us = float(event.time_range.elapsed_us())  # a kernel's or a copy's own time on the device
         entry = kernels.setdefault(event.name, [0.0, 0.0])
-        entry[0], entry[1] = entry[0] + us, entry[1] + 1
-    total_us = sum(us for us, _ in kernels.values())
+        entry[0] += float(event.time_range.elapsed_us())  # a kernel's or a copy's own time on the device
+        entry[1] += 1
     ranked = sorted(kernels.items(), key=lambda item: -item[1][0])
-    return {"runs": PROFILE_RUNS, "wall_us_per_run": wall / PROFILE_RUNS * 1e6,
-            "kernel_us_per_run": total_us / PROFILE_RUNS,
-            "launches_per_run": sum(n for _, n in kernels.values()) / PROFILE_RUNS,
-            "top": [{"name": name[:120], "us_per_run": us / PROFILE_RUNS, "launches_per_run": n / PROFILE_RUNS}
+    return {"runs": runs, "wall_us_per_run": wall_s / runs * 1e6,
+            "kernel_us_per_run": sum(us for us, _ in kernels.values()) / runs,
+            "launches_per_run": sum(n for _, n in kernels.values()) / runs,
+            "top": [{"name": name[:120], "us_per_run": us / runs, "launches_per_run": n / runs}
                     for name, (us, n) in ranked[:PROFILE_TOP]]}
 
 
