@@ -40,7 +40,7 @@ from specpack.runtime.state import DecodeState
 from specpack.runtime.stats import DecodeStats, Stats
 from specpack.runtime.stop_strings import TextOut
 from specpack.runtime.tokenizer import CONFIG_FILE, TOKENIZER_FILE, PackTokenizer
-from specpack.runtime.tree_policy import FixedTree, TreePolicy
+from specpack.runtime.tree_policy import FixedTree, TreeAcceptance, TreePolicy
 from specpack.sampling import SamplingParams, Uniforms
 from specpack.validation import PackLimits, brief, check_context, check_load_args, check_prompt
 
@@ -134,6 +134,7 @@ class Pack:
         # (drafter, the policy's most drafts or nodes) -> the step costs adaptive k or the tree policy measured here
         self._costs: dict[tuple[str, int], Costs] = {}
         self._acceptance: dict[str, PackAcceptance] = {}  # drafter -> its chains' acceptance over this pack's requests
+        self._tree_acceptance: dict[str, TreeAcceptance] = {}  # drafter -> its trees' acceptance, likewise
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock
         self.closed = False  # set by close(): the backend's sessions are gone
@@ -199,9 +200,16 @@ class Pack:
             if isinstance(tree, int) or k is not None:
                 nodes = tree if isinstance(tree, int) else k
                 return FixedTree(nodes, width) if nodes else FixedK(0)
-            return self._adaptive(drafter, params, seed,
-                                  lambda costs: TreePolicy(self.max_nodes, width, costs=costs,
-                                                           warmups=self.backend.warmup_runs), self.max_nodes)
+
+            def tree_policy(costs: Costs | None) -> TreePolicy:
+                pooled = None
+                if not isinstance(costs, PriorCosts):  # seeded sampling: this request's acceptance alone
+                    config = AdaptiveConfig()
+                    pooled = self._tree_acceptance.setdefault(
+                        drafter, TreeAcceptance(self.max_nodes, width, config, decay=config.pack_decay))
+                return TreePolicy(self.max_nodes, width, costs=costs, warmups=self.backend.warmup_runs, pooled=pooled)
+
+            return self._adaptive(drafter, params, seed, tree_policy, self.max_nodes)
         if k is not None:
             return FixedK(k)
         k_max = self.manifest.k_max

@@ -30,6 +30,9 @@ AcceptanceModel shrinks per position: toward the rank's pooled rate over all dep
     prior(r) = p0 (1 - p0)^r        (each sibling takes the share p0 of what the earlier ones left)
     pool(r)  = (sum_d passed(d, r) + w prior(r)) / (sum_d reached(d, r) + w)
     a(d, r)  = (passed(d, r) + w a(d - 1, r)) / (reached(d, r) + w),   a(0, r) from pool(r)
+As for chains (adaptive_k.PackAcceptance), a pack keeps these counts over its requests with a long memory
+(`pack_decay`), and a request's rates are shrunk toward the pack's at the same (depth, rank), worth `pack_weight` steps,
+once the pack has seen that many root children (not for seeded sampling: Pack.policy).
 Every threshold, probe and neighbour of AdaptiveK applies to T unchanged (AdaptiveConfig), with one change: `best`
 takes the smallest budget whose rate is within MARGIN (3 %) of the highest, the smaller bet where the model barely
 tells budgets apart (a large tree rejected at its first node costs V(T) for one token; replayed on the CPU's int4
@@ -54,8 +57,14 @@ MARGIN = 0.03  # a budget within this fraction of the best estimated rate is as 
 class TreeAcceptance:
     """Decayed per-(depth, rank) counts -> E[accepted | T] and the best tree's shape for every T (module docstring)."""
 
-    def __init__(self, nodes_max: int, max_width: int, config: AdaptiveConfig) -> None:
+    def __init__(self, nodes_max: int, max_width: int, config: AdaptiveConfig, pack: TreeAcceptance | None = None,
+                 decay: float | None = None) -> None:
+        """pack: the rates pooled over the pack's requests (a TreeAcceptance of `pack_decay`), which a request's are
+        shrunk toward once it has seen `pack_weight` root children (adaptive_k.PackAcceptance's rule, per (depth,
+        rank)); this request's observations go there too."""
         self.config, self.nodes_max, self.max_width = config, nodes_max, max_width
+        self.pack = pack
+        self.decay = config.decay if decay is None else decay
         self.reached = np.zeros((nodes_max, max_width))  # [T_max, W] decayed: parent accepted (depth d + 1, rank r)
         self.passed = np.zeros((nodes_max, max_width))   # [T_max, W] ... and the node accepted too
         self._age = 0                                     # steps since the counts last decayed
@@ -65,11 +74,13 @@ class TreeAcceptance:
 
     def observe(self, k: int, n_accepted: int, tree: TreeStep | None = None) -> None:
         """A step that verified k nodes: a chain (tree None: drafts 0..n-1 accepted) or a tree (its accepted path)."""
+        if self.pack is not None:
+            self.pack.observe(k, n_accepted, tree)
         self._age += 1
         if k == 0:  # nothing verified: as AcceptanceModel, the counts age by idle_memory steps at most
             return
         self._fresh = False
-        decay, self._age = self.config.decay ** min(self._age, self.config.idle_memory), 0
+        decay, self._age = self.decay ** min(self._age, self.config.idle_memory), 0
         self.reached *= decay
         self.passed *= decay
         if tree is None:
@@ -88,11 +99,20 @@ class TreeAcceptance:
                 self.reached[depth[i], rank] += 1.0
                 self.passed[depth[i], rank] += i in accepted
 
+    def informed(self) -> bool:
+        """Whether these counts hold `pack_weight` root children's worth (a pack's, before requests shrink toward it)."""
+        return bool(self.reached[0, 0] >= self.config.pack_weight)
+
     def rates(self) -> list[list[float]]:
-        """a[d][r]: the shrunk acceptance rate of a rank-r child at depth d + 1 (module docstring)."""
+        """a[d][r]: the shrunk acceptance rate of a rank-r child at depth d + 1 (module docstring), or, with an informed
+        pack, this request's counts shrunk toward the pack's rate at the same (depth, rank)."""
+        reached, passed = self.reached.tolist(), self.passed.tolist()
+        if self.pack is not None and self.pack.informed():
+            w, pooled = self.config.pack_weight, self.pack.rates()
+            return [[(passed[d][r] + w * pooled[d][r]) / (reached[d][r] + w) for r in range(self.max_width)]
+                    for d in range(self.nodes_max)]
         w, p0 = self.config.prior_weight, self.config.prior_acceptance
         a = [[0.0] * self.max_width for _ in range(self.nodes_max)]
-        reached, passed = self.reached.tolist(), self.passed.tolist()
         for r in range(self.max_width):
             h = (float(self.passed[:, r].sum()) + w * p0 * (1.0 - p0) ** r) / (float(self.reached[:, r].sum()) + w)
             for d in range(self.nodes_max):
@@ -135,9 +155,11 @@ class TreePolicy(AdaptiveK):
     budgets, TreeAcceptance's tokens), and `state.tree` set to the best tree's shape for it."""
 
     def __init__(self, nodes_max: int, max_width: int, config: AdaptiveConfig | None = None,
-                 costs: Costs | None = None, margin: float = MARGIN, warmups: Callable[[], int] | None = None) -> None:
+                 costs: Costs | None = None, margin: float = MARGIN, warmups: Callable[[], int] | None = None,
+                 pooled: TreeAcceptance | None = None) -> None:
+        """pooled: the pack's tree acceptance over its requests (Pack.policy; None: this request's alone)."""
         config = config or AdaptiveConfig()
-        self.trees = TreeAcceptance(nodes_max, max_width, config)
+        self.trees = TreeAcceptance(nodes_max, max_width, config, pack=pooled)
         self.margin = margin
         super().__init__(nodes_max, config, costs, acceptance=self.trees, warmups=warmups)
 

@@ -200,3 +200,32 @@ def test_a_budget_barely_better_is_not_taken() -> None:
     assert by_rate == 2 and policy.best(0) == 1
     policy.margin = 0.0
     assert policy.best(0) == by_rate
+
+
+def test_a_request_starts_from_the_packs_tree_acceptance() -> None:
+    """As for chains (test_adaptive_k.py): a request's per-(depth, rank) rates are shrunk toward the pack's, so two
+    rejected root children after requests that accepted most leave a(1, 0) near the pack's rate, where the request's
+    own estimate (a flat prior worth one step) falls near zero; a sibling's rate follows the pack's too."""
+    config = AdaptiveConfig()
+    pooled = TreeAcceptance(4, 2, config, decay=config.pack_decay)
+    tree = TreeStep(parents=np.array([-1, -1, 0]), path=np.array([1]))  # root children 0 (rejected), 1 (accepted)
+    for _ in range(30):  # earlier requests: the first choice accepted 3 steps in 4, else its sibling
+        for _ in range(3):
+            pooled.observe(2, 2)
+        pooled.observe(3, 1, tree)
+    shrunk, alone = TreeAcceptance(4, 2, config, pack=pooled), TreeAcceptance(4, 2, config)
+    for acceptance in (shrunk, alone):
+        acceptance.observe(2, 0)
+        acceptance.observe(1, 0)
+    got, own = shrunk.rates(), alone.rates()
+    assert own[0][0] < 0.1 and 0.4 < got[0][0] < 0.75
+    assert got[0][1] > 0.9 and own[0][1] < 0.25  # the sibling: the pack's rate (the request saw none), or the prior's
+
+
+def test_an_uninformed_pack_gives_the_trees_flat_prior() -> None:
+    config = AdaptiveConfig()
+    pooled = TreeAcceptance(4, 2, config, decay=config.pack_decay)
+    shrunk, alone = TreeAcceptance(4, 2, config, pack=pooled), TreeAcceptance(4, 2, config)
+    for acceptance in (shrunk, alone):
+        acceptance.observe(3, 1)
+    assert not pooled.informed() and shrunk.rates() == alone.rates()
