@@ -16,6 +16,10 @@ prompts=${PROMPTS_DIR:-$(cd .. && pwd)/shared/data/prompts}
 files=("$wheels"/*.whl "$gguf" "$prompts"/HumanEval.jsonl.gz "$prompts"/mt_bench_question.jsonl
        "$prompts"/spec_bench_question.jsonl)
 [ -n "${HEAD_DIR:-}" ] && files+=("$HEAD_DIR"/head.json "$HEAD_DIR"/head.safetensors)
+# STAGE_CORPUS=1: that head's corpus too (HEAD_DIR/ckpt/corpus.*), for distill's --data corpus:DIR on the device
+# (/tmp/stage/files/<HEAD_DIR without its leading />/ckpt): new data adds to it instead of replacing it
+[ -n "${HEAD_DIR:-}" ] && [ "${STAGE_CORPUS:-0}" = 1 ] && files+=("$HEAD_DIR"/ckpt/corpus.npz "$HEAD_DIR"/ckpt/corpus.json
+                                                                 "$HEAD_DIR"/ckpt/corpus.key.json)
 rm -f .device/part*
 tar -cf - -C / $(for f in "${files[@]}"; do readlink -f "$f" | sed 's|^/||'; done) | split -b 50M -d -a 2 - .device/part
 echo "$(ls .device/part* | wc -l) parts in .device/"

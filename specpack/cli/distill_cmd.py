@@ -20,8 +20,9 @@ DEFAULTS = DistillConfig()
 @click.option("--steps", type=int, default=DEFAULTS.steps, show_default=True, help="Optimizer steps in all.")
 @click.option("--data", "data", multiple=True,
               help="Training data, repeatable: a text file, or a bench prompt file (answered by the target); "
-                   "text:FILE / prompts:FILE force the kind. Default: Python's stdlib sources + prompts the target "
-                   "answers from specpack's own templates (never evaluation sets).")
+                   "text:FILE / prompts:FILE force the kind; corpus:DIR adds an earlier run's corpus (its HEAD/ckpt "
+                   "folder; same target) to the default sources. Default: Python's stdlib sources + prompts the "
+                   "target answers from specpack's own templates (never evaluation sets).")
 @click.option("--device", type=click.Choice(DEVICES), default=DEFAULTS.device, show_default=True)
 @click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True,
               help="Data order, initial weights and sampled answers.")

@@ -83,9 +83,15 @@ def ids_sha256(ids: np.ndarray) -> str:
     return hashlib.sha256(np.asarray(ids, dtype="<i4").tobytes()).hexdigest()
 
 
+def uses_default_recipe(config: DistillConfig) -> bool:
+    """The default sources are added unless --data names text or prompt files (an earlier corpus, corpus:DIR, adds to
+    them: a recipe run again with another --seed writes new requests, and the two corpora train one head)."""
+    return config.default_recipe and all(_kind_prefix(spec) == "corpus" for spec in config.data)
+
+
 def recipe(config: DistillConfig) -> dict[str, Any]:
     """What the head's record says about where its data came from."""
-    sources = list(config.data) or (["stdlib", "self", "self-instruct"] if config.default_recipe else [])
+    sources = [*config.data, *(["stdlib", "self", "self-instruct"] if uses_default_recipe(config) else [])]
     return {"sources": sources, "stdlib_tokens": config.stdlib_tokens, "self_prompts": config.self_prompts,
             "self_instruct": config.self_instruct, "answer_tokens": config.answer_tokens,
             "answers": f"half greedy, half sampled at T {SAMPLED_TEMPERATURE}",
@@ -96,13 +102,16 @@ def recipe(config: DistillConfig) -> dict[str, Any]:
             "never": "Spec-Bench, MT-bench, HumanEval, GSM8K, ShareGPT"}
 
 
-def build_corpus(config: DistillConfig, model: Any, tokenizer: Any) -> Corpus:
-    """Every source of the recipe, tokenized (and answered by `model` where it is a prompt source)."""
+def build_corpus(config: DistillConfig, model: Any, tokenizer: Any, target_sha256: str) -> Corpus:
+    """Every source of the recipe, tokenized (and answered by `model` where it is a prompt source); an earlier corpus
+    (corpus:DIR) only if it was built from this very target (its key's target_sha256)."""
     eos = _eos(tokenizer)
     parts: list[Part] = []
     for spec in config.data:
         kind, path = _data_kind(spec)
-        if kind == "text":
+        if kind == "corpus":
+            parts.append(_earlier_corpus(path, target_sha256))
+        elif kind == "text":
             text = read_bounded(path, PROMPT_SET_BYTES, "data file").decode("utf-8", errors="replace")
             ids = np.asarray([*tokenizer.encode(text, add_special_tokens=False), eos], dtype=np.int32)
             parts.append(Part(f"text:{path.name}", ids, np.ones_like(ids, dtype=np.uint8), {"file": str(path)}))
@@ -111,7 +120,7 @@ def build_corpus(config: DistillConfig, model: Any, tokenizer: Any) -> Corpus:
 
             prompts = [(p.text, p.chat) for p in read_prompts([path])]
             parts.append(_answered(f"prompts:{path.name}", prompts, model, tokenizer, config, {"file": str(path)}))
-    if not config.data and config.default_recipe:
+    if uses_default_recipe(config):
         if config.stdlib_tokens:
             parts.append(_stdlib(tokenizer, config.stdlib_tokens, eos))
         if config.self_prompts:
@@ -131,9 +140,37 @@ def build_corpus(config: DistillConfig, model: Any, tokenizer: Any) -> Corpus:
                   [p.record() for p in parts])
 
 
-def _data_kind(spec: str) -> tuple[str, Path]:
-    """("text" | "prompts", path) of one --data value."""
+def _kind_prefix(spec: str) -> str:
+    """The kind a --data value names (text:, prompts:, corpus:), or "" for a bare path."""
     kind, _, rest = spec.partition(":")
+    return kind if kind in ("text", "prompts", "corpus") and rest else ""
+
+
+def _earlier_corpus(folder: Path, target_sha256: str) -> Part:
+    """An earlier run's corpus (HEAD/ckpt/: corpus.npz, corpus.json, corpus.key.json) as one part, its parts' records
+    kept; refused unless its key names this target (its answers are that target's text, its ids that tokenizer's)."""
+    corpus = Corpus.load(folder)
+    key_file = folder / CORPUS_KEY
+    if corpus is None or not key_file.is_file():
+        raise SpecpackError(f"no saved corpus in {folder}", expected=f"{CORPUS_FILE}, {CORPUS_RECORD}, {CORPUS_KEY}",
+                            found="missing files", hint="corpus:DIR takes an earlier distill run's HEAD/ckpt folder")
+    found = json.loads(key_file.read_text(encoding="utf-8")).get("target_sha256")
+    if found != target_sha256:
+        raise SpecpackError(f"the corpus in {folder} was built from another target",
+                            expected=f"target weights sha256 {target_sha256[:16]}...",
+                            found=f"{str(found)[:16]}...", hint="build a corpus from this target (drop corpus:DIR)")
+    return Part(f"corpus:{folder.name}", corpus.ids, corpus.mask, {"dir": str(folder), "parts": corpus.parts})
+
+
+def _data_kind(spec: str) -> tuple[str, Path]:
+    """("text" | "prompts" | "corpus", path) of one --data value."""
+    kind, _, rest = spec.partition(":")
+    if kind == "corpus" and rest:
+        path = Path(rest).expanduser()
+        if not path.is_dir():
+            raise SpecpackError(f"--data corpus folder not found: {path}", expected="an earlier run's HEAD/ckpt folder",
+                                found="no such folder", hint="corpus:DIR, DIR holding corpus.npz")
+        return kind, path
     if kind in ("text", "prompts") and rest:
         path = Path(rest).expanduser()
     else:

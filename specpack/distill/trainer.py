@@ -72,7 +72,7 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
     corpus = Corpus.load(checkpoint_path(out).parent, None if state is not None else key)
     if corpus is None:
         _log("building the training data ...")
-        corpus = build_corpus(config, target, tokenizer)
+        corpus = build_corpus(config, target, tokenizer, target_sha)
         corpus.save(checkpoint_path(out).parent, key)
     else:
         _log(f"the training data built before, read from {checkpoint_path(out).parent}")

@@ -141,11 +141,36 @@ def test_self_instruct_requests_are_the_targets_own(tiny_pairs: Callable[..., tu
     assert self_instruct.meta_prompts(4, 0) == self_instruct.meta_prompts(4, 0) != self_instruct.meta_prompts(4, 1)
     first = self_instruct.write_requests(4, 0, target, tok, 2, int(tok.eos_token_id))
     assert first == self_instruct.write_requests(4, 0, target, tok, 2, int(tok.eos_token_id)) and first
-    corpus = build_corpus(config, target, tok)
+    corpus = build_corpus(config, target, tok, target_weights_sha256(target))
     (part,) = corpus.parts
     assert part["name"] == "self-instruct" and part["requests"] == len(first)
     assert 0 < part["loss_tokens"] < part["tokens"]
     assert part["templates_sha256"] == self_instruct.templates_sha256()
+
+
+def test_an_earlier_corpus_adds_to_the_default_recipe(tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                      tmp_path: Path) -> None:
+    """--data corpus:DIR (an earlier run's HEAD/ckpt) joins the default sources, which still run (with another seed,
+    new requests): data accumulates across sessions. Recorded with its parts; refused for another target."""
+    from specpack.distill.data import build_corpus, recipe
+
+    target_dir = tiny_pairs("qwen2")[1]
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    sha = target_weights_sha256(target)
+    options = {"stdlib_tokens": 0, "self_prompts": 0, "self_instruct": 4, "answer_tokens": 6, "generation_batch": 2,
+               "seq_len": 8, "threads": 1}
+    first = build_corpus(DistillConfig(**options), target, tok, sha)  # type: ignore[arg-type]
+    first.save(tmp_path / "a", key={"target_sha256": sha})
+    config = DistillConfig(**options, seed=1, data=(f"corpus:{tmp_path / 'a'}",))  # type: ignore[arg-type]
+    assert recipe(config)["sources"] == [f"corpus:{tmp_path / 'a'}", "stdlib", "self", "self-instruct"]
+    both = build_corpus(config, target, tok, sha)
+    assert [p["name"] for p in both.parts] == ["corpus:a", "self-instruct"]
+    assert both.parts[0]["sha256"] == ids_sha256(first.ids) and both.parts[0]["parts"] == first.parts
+    assert both.parts[1]["sha256"] != first.parts[0]["sha256"]  # seed 1: other requests, other answers
+    np.testing.assert_array_equal(both.ids[: first.ids.size], first.ids)
+    with pytest.raises(SpecpackError, match="another target"):
+        build_corpus(config, target, tok, "0" * 64)
 
 
 def test_cli_refuses_bad_options(tmp_path: Path) -> None:
