@@ -473,6 +473,17 @@ def phase_hf(args: argparse.Namespace, result: dict[str, Any]) -> None:
     real.setdefault("peers", {}).update(peers)
 
 
+def with_graphs(path: Path, graphs: bool) -> Any:
+    """onnxruntime-genai's model in `path` on its CUDA provider, with or without CUDA graphs."""
+    import onnxruntime_genai as og
+
+    config = og.Config(str(path))
+    config.clear_providers()
+    config.append_provider("cuda")
+    config.set_provider_option("cuda", "enable_cuda_graph", "1" if graphs else "0")
+    return og.Model(config)
+
+
 def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """onnxruntime-genai 0.18 (model builder fp16 cuda graphs) on the same prompts: autoregressive with and without
     CUDA graphs (onnxruntime-genai-ar), and its speculative mode with the draft (onnxruntime-genai-spec)."""
@@ -524,13 +535,6 @@ def phase_genai(args: argparse.Namespace, result: dict[str, Any]) -> None:
         except Exception as err:
             peers[name] = {"error": repr(err)}
             log(f"{name}: {err!r}")
-
-    def with_graphs(path: Path, graphs: bool) -> Any:
-        config = og.Config(str(path))
-        config.clear_providers()
-        config.append_provider("cuda")
-        config.set_provider_option("cuda", "enable_cuda_graph", "1" if graphs else "0")
-        return og.Model(config)
 
     if not args.spec_only:
         run("onnxruntime-genai-ar-no-graphs", lambda: with_graphs(built["target"], False), {})

@@ -412,11 +412,7 @@ def phase_arprofile(args: argparse.Namespace, result: dict[str, Any]) -> None:
     if (target / "genai_config.json").exists():
         import onnxruntime_genai as og
 
-        config = og.Config(str(target))
-        config.clear_providers()
-        config.append_provider("cuda")
-        config.set_provider_option("cuda", "enable_cuda_graph", "1")
-        model = og.Model(config)
+        model = gpu.with_graphs(target, True)
 
         def generate() -> int:
             params = og.GeneratorParams(model)

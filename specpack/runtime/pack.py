@@ -202,24 +202,24 @@ class Pack:
                 return FixedTree(nodes, width) if nodes else FixedK(0)
 
             def tree_policy(costs: Costs | None) -> TreePolicy:
-                pooled = None
+                config, pooled = AdaptiveConfig(), None
                 if not isinstance(costs, PriorCosts):  # seeded sampling: this request's acceptance alone
-                    config = AdaptiveConfig()
                     pooled = self._tree_acceptance.setdefault(
                         drafter, TreeAcceptance(self.max_nodes, width, config, decay=config.pack_decay))
-                return TreePolicy(self.max_nodes, width, costs=costs, warmups=self.backend.warmup_runs, pooled=pooled)
+                return TreePolicy(self.max_nodes, width, config, costs=costs, warmups=self.backend.warmup_runs,
+                                  pooled=pooled)
 
             return self._adaptive(drafter, params, seed, tree_policy, self.max_nodes)
         if k is not None:
             return FixedK(k)
-        k_max = self.manifest.k_max
+        k_max, config = self.manifest.k_max, AdaptiveConfig()
 
         def chain(costs: Costs | None) -> AdaptiveK:
             pooled = None
             if not isinstance(costs, PriorCosts):  # seeded sampling: acceptance of this request alone (same seed, same k)
-                pooled = self._acceptance.setdefault(drafter, PackAcceptance(k_max, AdaptiveConfig()))
-            return AdaptiveK(k_max, costs=costs, warmups=self.backend.warmup_runs,
-                             acceptance=AcceptanceModel(k_max, AdaptiveConfig(), pack=pooled))
+                pooled = self._acceptance.setdefault(drafter, PackAcceptance(k_max, config))
+            return AdaptiveK(k_max, config, costs=costs, warmups=self.backend.warmup_runs,
+                             acceptance=AcceptanceModel(k_max, config, pack=pooled))
 
         return self._adaptive(drafter, params, seed, chain, k_max)
 
