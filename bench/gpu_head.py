@@ -15,9 +15,9 @@ decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive
         every run's steps ([k, accepted, step ms, draft ms, warm-up runs so far]; so does specbench)
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4,
-        after a warm-up on the first decode prompt (since Run F, whose Spec-Bench phase had none)
-specbench-before  the same as specbench with the head's long catch-ups uncaptured and warm-up runs timed (the runtime
-        of Run F), into "specbench_before": an A/B of the two changes made after it, same session
+        on a pack that captured every chain shape at load (no warm-up request)
+specbench-lazy  the same with shapes captured on first use after a warm-up on the first decode prompt (Run G's way),
+        into "specbench_lazy": an A/B of pre-capture, same session
 headcost  bench/head_step_cost.py: the trained head's step graph in the standard and the gqa form (the pack's since
         the gqa head form), each alone on the card, CUDA graphs, median ms per run (docs/heads.md)
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
@@ -151,7 +151,9 @@ def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
     import specpack as sp
     from specpack.bench.timing import measure_step_costs
 
-    pack = sp.load(Path(args.work) / "pack-head", device=args.device)
+    t0 = time.perf_counter()
+    pack = sp.load(Path(args.work) / "pack-head", device=args.device)  # every chain shape captured at load
+    result["decode_load_s"] = time.perf_counter() - t0
     runs: list[tuple[str, str, int | None]] = [("ar", "head", 0), *((f"head-{k}", "head", k) for k in K_SWEEP),
                                                ("head-auto", "head", None), ("ngram-4", "ngram", 4)]
     prompts = gpu.real_prompts(args)
@@ -176,24 +178,24 @@ def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
     pack.close()
 
 
-def phase_specbench(args: argparse.Namespace, result: dict[str, Any], before_fixes: bool = False) -> None:
-    """Per Spec-Bench category: AR, the head at k 2 and adaptive, prompt lookup k 4 (greedy, 128 tokens).
-    before_fixes (`specbench-before`, into result["specbench_before"]): the same with the runtime as Run F had it, for
-    an A/B in one session: the head's long catch-ups in one uncaptured run, warm-up runs timed by adaptive k."""
+def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_capture: bool = False) -> None:
+    """Per Spec-Bench category: AR, the head at k 2 and adaptive, prompt lookup k 4 (greedy, 128 tokens), on a pack
+    that captured every chain shape at load (backends/cuda_precapture.py; no warm-up request). lazy_capture
+    (`specbench-lazy`, into result["specbench_lazy"]): shapes captured on first use after one warm-up request per
+    configuration, as Run G ran it, for an A/B in one session."""
     import specpack as sp
     from specpack.prompts import read_prompts
+    from specpack.runtime.backend import BackendOptions
 
     files = [p for p in args.prompts if "spec_bench" in p]
-    pack = sp.load(Path(args.work) / "pack-head", device=args.device)
-    if before_fixes:  # bench only: the two changes made after Run F switched off on this instance
-        head = pack.backend.draft().engine  # type: ignore[attr-defined]
-        head._chunked = lambda slot: False
-        pack.backend.warmup_runs = lambda: 0  # type: ignore[method-assign]
+    t0 = time.perf_counter()
+    pack = sp.load(Path(args.work) / "pack-head", device=args.device, options=BackendOptions(precapture=not lazy_capture))
+    load_s = time.perf_counter() - t0
     runs: list[tuple[str, str, int | None]] = [("ar", "head", 0), ("head-2", "head", 2), ("head-auto", "head", None),
                                                ("ngram-4", "ngram", 4)]
     rows, skipped = [], 0
-    warm = gpu.real_prompts(args)[0]  # warm up as the decode phase does: capture every run shape before timing
-    for _, drafter, k in runs:
+    warm = gpu.real_prompts(args)[0]
+    for _, drafter, k in runs if lazy_capture else []:  # Run G's warm-up: the first prompt's shapes before timing
         pack.generate(pack.encode(warm.text, chat=warm.chat), 32, k=k, drafter=drafter)
     steps = trace_steps(pack)
     for prompt in read_prompts(files, SPEC_BENCH_PER_CATEGORY):
@@ -217,9 +219,10 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any], before_fix
         categories[category] = {"prompts": len(part), "ar_tokens_per_s": ar, **{
             label: {"speedup": _rate(part, label) / ar, "identical": sum(r["identical"][label] for r in part)}
             for label, _, _ in runs[1:]}}
-    result["specbench_before" if before_fixes else "specbench"] = {
+    result["specbench_lazy" if lazy_capture else "specbench"] = {
         "rows": rows, "categories": categories, "skipped_long": skipped, "per_category": SPEC_BENCH_PER_CATEGORY,
-        "max_prompt": SPEC_BENCH_MAX_PROMPT, "before_fixes": before_fixes}
+        "max_prompt": SPEC_BENCH_MAX_PROMPT, "lazy_capture": lazy_capture, "load_s": load_s,
+        "capture": getattr(pack.backend, "capture_report", dict)()}
     log(json.dumps(categories, indent=1))
     pack.close()
 
@@ -461,7 +464,7 @@ def main() -> None:
     phases = {"card": lambda: result.__setitem__("card", gpu.card()), "train": lambda: phase_train(args, result),
               "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
               "genai": lambda: phase_genai(args, result), "specbench": lambda: phase_specbench(args, result),
-              "specbench-before": lambda: phase_specbench(args, result, before_fixes=True),
+              "specbench-lazy": lambda: phase_specbench(args, result, lazy_capture=True),
               "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result),
               "headcost": lambda: phase_headcost(args, result),
               "headtrees": lambda: phase_headtrees(args, result),

@@ -51,6 +51,8 @@ class BackendOptions:
                                    # pinned load: contract/verified_read.py); False: sessions read the checked files
     cuda_graphs: bool = True       # the cuda backend captures CUDA graphs for greedy runs; False: it runs them
                                    # uncaptured (bench/gpu.py measures both)
+    precapture: bool = True        # where graphs are captured, every chain shape is captured at load and the draft
+                                   # opens then (backends/cuda_precapture.py); False: each shape on its first use
 
 
 class TargetModel(Protocol):

@@ -19,10 +19,11 @@ from specpack.runtime.pack import Pack
 from specpack.runtime.tokenizer import PackTokenizer
 
 
-def device_pack(pack_dir: Path, slots: int = 1, chunked_runs: bool = False, pad_single_steps: bool = True) -> Pack:
+def device_pack(pack_dir: Path, slots: int = 1, chunked_runs: bool = False, pad_single_steps: bool = True,
+                precapture: bool = False) -> Pack:
     manifest = Manifest.read(pack_dir)
     backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots, pad_single_steps=pad_single_steps),
-                          device="cpu", chunked_runs=chunked_runs)
+                          device="cpu", chunked_runs=chunked_runs, precapture=precapture)
     return Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
 
 

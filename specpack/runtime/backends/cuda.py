@@ -427,10 +427,11 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
     name = "cuda"
 
     def __init__(self, path: Path, manifest: Manifest, options: BackendOptions, *, device: str = "cuda",
-                 cuda_graphs: bool = True, chunked_runs: bool | None = None) -> None:
+                 cuda_graphs: bool = True, chunked_runs: bool | None = None, precapture: bool | None = None) -> None:
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
         chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
-        are captured)."""
+        are captured); precapture: every chain shape run at load, the draft opened then (cuda_precapture.py; None:
+        options.precapture where graphs are captured)."""
         refuse_cpu_only(manifest, "cuda", static_heads=True, trees=True)
         for label, entry in manifest.models():  # an n-gram pack has no draft model
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
@@ -454,18 +455,31 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         self._warmups = WarmupRuns()  # every session's warm-up runs (open_session hands it over)
         self.cuda_graphs = cuda_graphs and options.cuda_graphs and device == "cuda"
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
+        self.precapture = self.cuda_graphs and options.precapture if precapture is None else precapture
         self.drafts_max = manifest.k_max if tree is None else tree.max_nodes  # the most drafts (nodes) a verify takes
         width = manifest.max_len + self.drafts_max + 1
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
         target = DeviceTarget(self, manifest.target)
         target.session(True)  # the greedy form opens at load
+        if self.precapture:
+            from specpack.runtime.backends.cuda_precapture import precapture_target
+
+            precapture_target(target, manifest.max_len, manifest.k_max)
         drafts = manifest.draft_model is not None or manifest.head is not None
         super().__init__(target, self._open_draft if drafts else None, k_max=manifest.k_max,
                          vocab_size=manifest.vocab_size, pad_single_steps=options.pad_single_steps)
-        if options.verified_reads and drafts:  # pinned: the draft's greedy form too
+        if (options.verified_reads or self.precapture) and drafts:  # pinned, or precaptured: the draft's greedy form too
             self.draft().engine.session(True)
 
     def _open_draft(self) -> DeviceDraft | DeviceHead:
+        draft = self._new_draft()
+        if self.precapture:
+            from specpack.runtime.backends.cuda_precapture import precapture_draft
+
+            precapture_draft(draft, self.manifest.max_len, self.manifest.k_max)
+        return draft
+
+    def _new_draft(self) -> DeviceDraft | DeviceHead:
         if self.manifest.head is not None:
             from specpack.runtime.backends.cuda_head import DeviceHead
 
