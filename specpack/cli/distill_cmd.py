@@ -48,12 +48,15 @@ DEFAULTS = DistillConfig()
               help="Stop after this long with a checkpoint; run the same command again to resume.")
 @click.option("--stop-at", type=int, default=None, help="Stop after this step with a checkpoint (resume: run again).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
+@click.option("--init", "init", type=click.Path(file_okay=False), default=None,
+              help="Start from this earlier head's trained weights (same target and shape) instead of random ones.")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @user_errors
 def distill_command(target: str, output: Path, steps: int, data: tuple[str, ...], device: str, seed: int, seq_len: int,
                     batch: int, lr: float, ttt_steps: int, subset_size: int, stdlib_tokens: int, self_prompts: int,
                     self_instruct: int, answer_tokens: int, generation_batch: int, checkpoint_every: int,
-                    max_minutes: float | None, stop_at: int | None, threads: int | None, no_progress: bool) -> None:
+                    max_minutes: float | None, stop_at: int | None, threads: int | None, init: str | None,
+                    no_progress: bool) -> None:
     """Train a draft head for TARGET by self-distillation (EAGLE-style; docs/heads.md)."""
     from specpack.distill.trainer import distill
 
@@ -62,6 +65,7 @@ def distill_command(target: str, output: Path, steps: int, data: tuple[str, ...]
                            self_prompts=self_prompts, self_instruct=self_instruct,
                            answer_tokens=answer_tokens, generation_batch=generation_batch,
                            checkpoint_every=checkpoint_every,
-                           max_minutes=max_minutes, stop_at=stop_at, threads=threads, progress=not no_progress)
+                           max_minutes=max_minutes, stop_at=stop_at, threads=threads, progress=not no_progress,
+                           init=init)
     distill(target, output, config)
     click.echo(str(output))

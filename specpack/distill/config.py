@@ -38,6 +38,7 @@ class DistillConfig:
     progress: bool = True              # rich progress bar
     threads: int | None = None         # torch's CPU threads; None: torch's default (1 is fastest on a busy machine)
     extra: dict[str, str] = field(default_factory=dict)  # free-form notes recorded with the head
+    init: str | None = None            # an earlier head for this target and shape to start from (warm_start.py)
 
     def __post_init__(self) -> None:
         positive = {"--steps": self.steps, "--seq-len": self.seq_len, "--batch": self.batch,

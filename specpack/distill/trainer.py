@@ -2,7 +2,7 @@
 
     target (frozen) ──resolve, load fp32, hash──> target_sha256
     corpus = data.build_corpus (or HEAD/ckpt/corpus.npz when resuming);  subset = frequency_subset(corpus)
-    head = DraftHead(seeded init; embed, lm_head rows and final norm from the target)
+    head = DraftHead(seeded init, or --init's trained weights; embed, lm_head rows and final norm from the target)
     windows of seq_len tokens; every HOLDOUT_EVERY-th held out (never trained on)
     for step in [start, steps):                        batch = training windows drawn from (seed, step) only
         x [B, N] ──target──> g [B, N, F] (tapped hidden states), p = softmax(logits[:, 1:, subset])  [B, N-1, V_sub]
@@ -30,6 +30,7 @@ from specpack.distill.checkpoint import checkpoint_path, load_checkpoint, save_c
 from specpack.distill.config import DistillConfig
 from specpack.distill.data import Corpus, build_corpus, recipe
 from specpack.distill.subset import coverage, frequency_subset
+from specpack.distill.warm_start import describe, read_init, warm_start
 from specpack.errors import SpecpackError
 
 HOLDOUT_EVERY = 50  # every 50th training window is held out (never trained on): the record's held-out metric
@@ -65,7 +66,9 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
     if config.device == "cuda":
         target = target.to("cuda", torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    settings = {**config.record(), "recipe": recipe(config), "data": list(config.data)}
+    init = read_init(config.init) if config.init is not None else None
+    settings = {**config.record(), "recipe": recipe(config), "data": list(config.data),
+                **({"init_weights_sha256": init.data["weights_sha256"]} if init is not None else {})}
     state = load_checkpoint(out, settings, target_sha)
 
     key = {"recipe": settings["recipe"], "data": settings["data"], "seed": config.seed, "target_sha256": target_sha}
@@ -78,6 +81,8 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
         _log(f"the training data built before, read from {checkpoint_path(out).parent}")
     num_layers = int(target.config.get_text_config(decoder=True).num_hidden_layers)
     head = _new_head(target, config, corpus, num_layers)
+    if init is not None and state is None:  # resuming: the checkpoint's weights, which started from init's
+        warm_start(head, init, target_sha, target_src)
     optimizer = torch.optim.AdamW([p for p in head.parameters() if p.requires_grad], lr=config.lr, betas=(0.9, 0.95),
                                   weight_decay=0.0)
     start, losses, wall = 0, [], 0.0
@@ -140,7 +145,8 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
     subset = head.subset.cpu().numpy()
     record = {"target": {"source": target_src, "model_type": head.config.model_type, "weights_sha256": target_sha},
               "recipe": recipe(config), "data": corpus.parts,
-              "training": {**config.record(), "steps_done": step, "wall_s": round(elapsed, 3),
+              "training": {**config.record(), "init": describe(init) if init is not None else None,
+                           "steps_done": step, "wall_s": round(elapsed, 3),
                            "torch": torch.__version__, "subset_coverage": round(coverage(corpus.ids, subset), 6)},
               "losses": losses, "heldout": evals, "notes": dict(config.extra)}
     save_head(out, head.cpu(), record)

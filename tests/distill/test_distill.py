@@ -194,3 +194,39 @@ def test_seed_templates_share_no_8_words_with_the_eval_sets() -> None:
     for path in sorted(p for p in SHARED_PROMPTS.rglob("*") if p.is_file() and p.suffix in (".jsonl", ".json", ".txt")):
         text = path.read_bytes()[: 64 << 20].decode("utf-8", errors="replace")
         assert not ours & grams(text), path
+
+
+def test_init_starts_from_an_earlier_heads_weights(tiny_head: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
+    """--init HEAD: the new run's first weights are that head's trained tensors (not its subset: the new data's), the
+    record names it; refused for another target or another shape, as a CLI error (exit 2)."""
+    from specpack.distill.trainer import _new_head
+    from specpack.distill.warm_start import read_init, warm_start
+    from specpack.heads.head_file import FROZEN
+
+    earlier, target_dir = tiny_head()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    sha = target_weights_sha256(target)
+    config = _config(tmp_path, steps=2)
+    corpus = Corpus(np.arange(300, dtype=np.int32) % 50, np.ones(300, np.uint8), [])
+    head = _new_head(target, config, corpus, target.config.num_hidden_layers)
+    trained = load_file(str(earlier / "head.safetensors"))
+    assert not all(torch.equal(head.state_dict()[k], v) for k, v in trained.items() if k != "subset")
+    warm_start(head, read_init(str(earlier)), sha, str(target_dir))
+    state = head.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in trained.items() if k != "subset")
+    assert not torch.equal(state["subset"], trained["subset"])  # the new data's most frequent tokens
+    assert not set(FROZEN) & set(trained)
+    with pytest.raises(SpecpackError, match="another target"):
+        warm_start(head, read_init(str(earlier)), "0" * 64, str(target_dir))
+    other = _new_head(target, DistillConfig(**{**TINY_HEAD_SETTINGS, "subset_size": 100}), corpus,  # type: ignore[arg-type]
+                      target.config.num_hidden_layers)
+    with pytest.raises(SpecpackError, match="another shape") as err:
+        warm_start(other, read_init(str(earlier)), sha, str(target_dir))
+    assert "subset_size 100" in str(err.value)
+
+    run = distill(str(target_dir), tmp_path / "next", _config(tmp_path, steps=2, init=str(earlier)))
+    record = json.loads((run / "head.json").read_text())
+    assert record["training"]["init"]["weights_sha256"] == json.loads((earlier / "head.json").read_text())["weights_sha256"]
+    bad = CliRunner().invoke(cli, ["distill", "--target", str(target_dir), "-o", str(tmp_path / "bad"),
+                                   "--init", str(tmp_path), "--no-progress"])
+    assert bad.exit_code == 2 and "is not a draft head" in bad.output
