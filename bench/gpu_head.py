@@ -15,9 +15,9 @@ decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive
         every run's steps ([k, accepted, step ms, draft ms, warm-up runs so far]; so does specbench)
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4,
-        on a pack that captured every chain shape at load (no warm-up request)
-specbench-lazy  the same with shapes captured on first use after a warm-up on the first decode prompt (Run G's way),
-        into "specbench_lazy": an A/B of pre-capture, same session
+        on a pack that captured every chain shape at load, after a warm-up on the first decode prompt
+specbench-lazy  the same with shapes captured on first use (Run G's way), into "specbench_lazy": an A/B of
+        pre-capture, same session
 headcost  bench/head_step_cost.py: the trained head's step graph in the standard and the gqa form (the pack's since
         the gqa head form), each alone on the card, CUDA graphs, median ms per run (docs/heads.md)
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
@@ -180,9 +180,9 @@ def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
 def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_capture: bool = False) -> None:
     """Per Spec-Bench category: AR, the head at k 2 and adaptive, prompt lookup k 4 (greedy, 128 tokens), on a pack
-    that captured every chain shape at load (backends/cuda_precapture.py; no warm-up request). lazy_capture
-    (`specbench-lazy`, into result["specbench_lazy"]): shapes captured on first use after one warm-up request per
-    configuration, as Run G ran it, for an A/B in one session."""
+    that captured every chain shape at load (backends/cuda_precapture.py), after one warm-up request per
+    configuration. lazy_capture (`specbench-lazy`, into result["specbench_lazy"]): the same with shapes captured on
+    first use (Run G's way), for an A/B in one session."""
     import specpack as sp
     from specpack.prompts import read_prompts
     from specpack.runtime.backend import BackendOptions
@@ -195,7 +195,7 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_captu
                                                ("ngram-4", "ngram", 4)]
     rows, skipped = [], 0
     warm = gpu.real_prompts(args)[0]
-    for _, drafter, k in runs if lazy_capture else []:  # Run G's warm-up: the first prompt's shapes before timing
+    for _, drafter, k in runs:  # Run G's warm-up, in both arms (the pack's pooled acceptance starts alike)
         pack.generate(pack.encode(warm.text, chat=warm.chat), 32, k=k, drafter=drafter)
     steps = trace_steps(pack)
     for prompt in read_prompts(files, SPEC_BENCH_PER_CATEGORY):
@@ -398,6 +398,7 @@ def phase_arprofile(args: argparse.Namespace, result: dict[str, Any]) -> None:
     from head_step_cost import device_profiler, kernel_summary
 
     import specpack as sp
+    from specpack.runtime.backend import BackendOptions
 
     work = Path(args.work)
     prompt = gpu.real_prompts(args)[0]
@@ -410,6 +411,16 @@ def phase_arprofile(args: argparse.Namespace, result: dict[str, Any]) -> None:
         wall = time.perf_counter() - t0
     entry: dict[str, Any] = {"tokens": AR_PROFILE_TOKENS, "prompt": prompt.id, "prompt_tokens": len(ids),
                              "ours": kernel_summary(prof, len(out.tokens), wall), "ours_stats": dict(out.stats)}
+    pack.close()
+    # the same without the pad row (BackendOptions.pad_single_steps: one row alone, as the peer runs it)
+    pack = sp.load(work / "pack-head", device=args.device, options=BackendOptions(pad_single_steps=False))
+    pack.generate(ids, AR_PROFILE_TOKENS, k=0)
+    with device_profiler() as prof:
+        t0 = time.perf_counter()
+        one_row = pack.generate(ids, AR_PROFILE_TOKENS, k=0)
+        wall = time.perf_counter() - t0
+    entry["ours_one_row"] = kernel_summary(prof, len(one_row.tokens), wall)
+    entry["one_row_identical"] = one_row.tokens == out.tokens
     pack.close()
     target = work / "genai-real-target"
     if (target / "genai_config.json").exists():
@@ -436,7 +447,7 @@ def phase_arprofile(args: argparse.Namespace, result: dict[str, Any]) -> None:
         entry["onnxruntime_genai"] = kernel_summary(prof, n, wall)
     result["arprofile"] = entry
     log(json.dumps({name: {key: entry[name][key] for key in ("wall_us_per_run", "kernel_us_per_run", "launches_per_run")}
-                    for name in ("ours", "onnxruntime_genai") if name in entry}))
+                    for name in ("ours", "ours_one_row", "onnxruntime_genai") if name in entry}))
 
 
 def main() -> None:
