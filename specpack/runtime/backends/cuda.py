@@ -487,9 +487,10 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         return DeviceDraft(self, self.manifest.draft)
 
     def open_session(self, entry: ModelEntry | HeadEntry, greedy: bool, capture: bool | None = None) -> DeviceSession:
-        """The greedy form (If inlined, captured where the EP allows) or the graph as exported; for a pinned pack
-        (options.verified_reads) from bytes hashed as they are read, whenever the session opens. capture: whether the
-        session captures CUDA graphs (None: the greedy form does, where the backend captures)."""
+        """The greedy form (If inlined, captured where the EP allows) or the graph as exported, its cache writes an
+        element per index (graphs/element_scatter.py); for a pinned pack (options.verified_reads) from bytes hashed as
+        they are read, whenever the session opens. capture: whether the session captures CUDA graphs (None: the greedy
+        form does, where the backend captures)."""
         graph_path = self.path / entry.graph.path
         model: Path | bytes = graph_path
         external = None
@@ -498,10 +499,13 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
 
             verified = graph_bytes(self.path, self.manifest, entry.graph)
             model, external = verified.model, verified.external
-        if greedy:
-            from specpack.graphs.greedy_form import greedy_form  # needs onnx: the device extra
+        from specpack.graphs.element_scatter import element_scatter_bytes  # needs onnx: the device extra
+        from specpack.graphs.greedy_form import greedy_form
 
+        if greedy:
             model = greedy_form(graph_path, model if isinstance(model, bytes) else None)
+        # cache writes one element per index: ONNX Runtime's CUDA ScatterND copies a row per thread, serially
+        model = element_scatter_bytes(model if isinstance(model, bytes) else graph_path.read_bytes())
         capture = greedy and self.cuda_graphs if capture is None else capture
         return DeviceSession(model, graph_path.parent, entry, self.device, capture, self.options.threads, external,
                              self._warmups)
