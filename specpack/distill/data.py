@@ -131,13 +131,32 @@ def build_corpus(config: DistillConfig, model: Any, tokenizer: Any, target_sha25
                                                     config.generation_batch, eos)
             parts.append(_answered("self-instruct", [(text, True) for text in requests], model, tokenizer, config,
                                    {"templates_sha256": self_instruct.templates_sha256(), "requests": len(requests)}))
-    parts = [p for p in parts if p.ids.size]
+    parts = [p for p in _without_repeats(parts) if p.ids.size]
     if not parts or sum(int(p.mask.sum()) for p in parts) < config.seq_len:
         raise SpecpackError("not enough training data", expected=f"at least --seq-len ({config.seq_len}) trained tokens",
                             found=f"{sum(int(p.mask.sum()) for p in parts)} tokens from {len(parts)} sources",
                             hint="add --data files, or lower --seq-len")
     return Corpus(np.concatenate([p.ids for p in parts]), np.concatenate([p.mask for p in parts]),
                   [p.record() for p in parts])
+
+
+def _without_repeats(parts: list[Part]) -> list[Part]:
+    """The parts less any whose tokens an earlier corpus (corpus:DIR) already holds as one of its parts: the default
+    recipe's stdlib part is the same text every run, and accumulated data should not count it twice."""
+    held: set[str] = set()
+    for part in parts:
+        if part.name.startswith("corpus:"):
+            held |= _part_hashes(part.info.get("parts", []))
+    return [p for p in parts if p.name.startswith("corpus:") or ids_sha256(p.ids) not in held]
+
+
+def _part_hashes(records: list[dict[str, Any]]) -> set[str]:
+    """The sha256 of every part record, nested ones (an earlier corpus's own earlier corpus) included."""
+    hashes: set[str] = set()
+    for record in records:
+        hashes.add(str(record.get("sha256")))
+        hashes |= _part_hashes(record.get("parts", []))
+    return hashes
 
 
 def _kind_prefix(spec: str) -> str:

@@ -151,23 +151,26 @@ def test_self_instruct_requests_are_the_targets_own(tiny_pairs: Callable[..., tu
 def test_an_earlier_corpus_adds_to_the_default_recipe(tiny_pairs: Callable[..., tuple[Path, Path]],
                                                       tmp_path: Path) -> None:
     """--data corpus:DIR (an earlier run's HEAD/ckpt) joins the default sources, which still run (with another seed,
-    new requests): data accumulates across sessions. Recorded with its parts; refused for another target."""
+    new requests): data accumulates across sessions, a part the earlier corpus already holds (the stdlib text) once.
+    Recorded with its parts; refused for another target."""
     from specpack.distill.data import build_corpus, recipe
 
     target_dir = tiny_pairs("qwen2")[1]
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(target_dir)
     sha = target_weights_sha256(target)
-    options = {"stdlib_tokens": 0, "self_prompts": 0, "self_instruct": 4, "answer_tokens": 6, "generation_batch": 2,
+    options = {"stdlib_tokens": 300, "self_prompts": 0, "self_instruct": 4, "answer_tokens": 6, "generation_batch": 2,
                "seq_len": 8, "threads": 1}
     first = build_corpus(DistillConfig(**options), target, tok, sha)  # type: ignore[arg-type]
     first.save(tmp_path / "a", key={"target_sha256": sha})
     config = DistillConfig(**options, seed=1, data=(f"corpus:{tmp_path / 'a'}",))  # type: ignore[arg-type]
     assert recipe(config)["sources"] == [f"corpus:{tmp_path / 'a'}", "stdlib", "self", "self-instruct"]
     both = build_corpus(config, target, tok, sha)
+    # the stdlib part is the same text as in the earlier corpus: not counted twice
+    assert [p["name"] for p in first.parts] == ["stdlib", "self-instruct"]
     assert [p["name"] for p in both.parts] == ["corpus:a", "self-instruct"]
     assert both.parts[0]["sha256"] == ids_sha256(first.ids) and both.parts[0]["parts"] == first.parts
-    assert both.parts[1]["sha256"] != first.parts[0]["sha256"]  # seed 1: other requests, other answers
+    assert both.parts[1]["sha256"] != first.parts[1]["sha256"]  # seed 1: other requests, other answers
     np.testing.assert_array_equal(both.ids[: first.ids.size], first.ids)
     with pytest.raises(SpecpackError, match="another target"):
         build_corpus(config, target, tok, "0" * 64)
