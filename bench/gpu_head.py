@@ -22,6 +22,7 @@ headcost  bench/head_step_cost.py: the trained head's step graph in the standard
         the gqa head form), each alone on the card, CUDA graphs, median ms per run (docs/heads.md)
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
 arprofile  our k 0 step and onnxruntime-genai's (after `genai`) under PyTorch's profiler: kernels per token, the largest
+scatter-ab  our AR and the head at k 3 with the cache writes widened (graphs/element_scatter.py) and as exported
 keep    the trained head's files and its training corpus (HEAD/ckpt/corpus.*) split into KEEP_CHUNK pieces under
         WORK/keep (with their sha256 in keep.json), for `run` calls to bring back 4 at a time (files back: 8 of 16 MiB,
         64 MiB a call); join them here with `cat head.safetensors.* > head.safetensors` and check the sha256 in
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -225,6 +227,42 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_captu
         "capture": getattr(pack.backend, "capture_report", dict)()}
     log(json.dumps(categories, indent=1))
     pack.close()
+
+
+def phase_scatter_ab(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Our AR and the head at k 3 on the 8 prompts, with the cache writes widened to an element per index (the
+    backend's way since Run H: graphs/element_scatter.py) and as exported (a row per ScatterND thread), the two packs
+    alternating per prompt: what the widening buys a step. Greedy tokens must agree."""
+    import specpack as sp
+    import specpack.graphs.element_scatter as element_scatter
+
+    widen = element_scatter.element_scatter_bytes
+    packs = {}
+    for label, rewrite in (("widened", widen), ("as_exported", lambda model: model)):
+        element_scatter.element_scatter_bytes = rewrite  # bench only: what open_session applies (restored below)
+        try:
+            packs[label] = sp.load(Path(args.work) / "pack-head", device=args.device)
+        finally:
+            element_scatter.element_scatter_bytes = widen
+    rows = []
+    for prompt in gpu.real_prompts(args):
+        row: dict[str, Any] = {"id": prompt.id}
+        for label, pack in packs.items():
+            ids = pack.encode(prompt.text, chat=prompt.chat)
+            for name, k in (("ar", 0), ("head-3", 3)):
+                out = pack.generate(ids, 128, k=k, drafter="head")
+                row[f"{label}/{name}"] = {"tokens_per_s": out.stats["tokens_per_s"], "tokens": out.tokens}
+        row["identical"] = len({tuple(v["tokens"]) for v in row.values() if isinstance(v, dict)}) == 1
+        rows.append(row)
+        log(f"{prompt.id}: " + ", ".join(f"{key} {value['tokens_per_s']:.0f}" for key, value in row.items()
+                                         if isinstance(value, dict)))
+    summary = {key: statistics.median(r[key]["tokens_per_s"] for r in rows) for key in rows[0]
+               if isinstance(rows[0][key], dict)}
+    result["scatter_ab"] = {"rows": rows, "median_tokens_per_s": summary,
+                            "identical": sum(r["identical"] for r in rows)}
+    log(json.dumps(summary))
+    for pack in packs.values():
+        pack.close()
 
 
 def phase_headcost(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -479,7 +517,8 @@ def main() -> None:
               "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result),
               "headcost": lambda: phase_headcost(args, result),
               "headtrees": lambda: phase_headtrees(args, result),
-              "arprofile": lambda: phase_arprofile(args, result)}
+              "arprofile": lambda: phase_arprofile(args, result),
+              "scatter-ab": lambda: phase_scatter_ab(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:
