@@ -346,6 +346,7 @@ class HeadEntry(_Open):
     target_weights_sha256: Sha256     # heads/target_hash.py
     data: list[HeadData] = Field(max_length=256)
     tree_width: Annotated[int, Field(ge=0, le=64)] = 0  # > 0: the tree form (a tree pack's head): K of its TopK
+    quantization: Quantization | None = None  # head_step.onnx's weights (--quantize-draft int8 / int4); None: as exported
 
     @model_validator(mode="after")
     def _check_io(self) -> HeadEntry:

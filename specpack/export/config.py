@@ -75,6 +75,11 @@ class ExportConfig:
         if self.form not in FORMS:
             raise SpecpackError("invalid --form", expected=" or ".join(FORMS), found=repr(self.form))
         self._check_graphs()
+        if self.draft_head is not None and self.quantize_draft not in (None, *modes.WEIGHT_ONLY):
+            raise SpecpackError(f"--quantize-draft {self.quantize_draft} cannot quantize a draft head",
+                                expected="--quantize-draft int8, int4 or none with --draft-head (weight-only)",
+                                found=f"--quantize-draft {self.quantize_draft}",
+                                hint="a head has no GGUF blocks or calibration set: use int8 or int4")
         attention = "standard" if self.form == "tensorrt" and self.attention == "auto" else self.attention
         if attention != "auto":  # refuses concat + gqa, and tensorrt off the static cache with standard attention
             GraphForm(self.kv_cache, attention, self.form)

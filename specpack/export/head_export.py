@@ -36,7 +36,7 @@ from typing import Any
 from specpack import names
 from specpack.dtypes import GRAPH_DTYPES
 from specpack.errors import SpecpackError
-from specpack.export.torch_export import OPSET, _save
+from specpack.export.torch_export import OPSET, _data_path, _save
 from specpack.graphs.attach import LogitsNotPrunedWarning, build_draft_step_graph
 from specpack.heads.head_file import HeadRecord, build_head, check_target, read_head
 
@@ -78,11 +78,13 @@ def tree_width(max_tree_nodes: int, subset_size: int) -> int:
 
 def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: str, vocab_size: int,
                      kv_cache: str = "concat", max_tree_nodes: int = 0, attention: str = "standard",
-                     max_len: int = 0) -> None:
+                     max_len: int = 0, quantize: str = "none") -> dict[str, Any] | None:
     """head_step.onnx (+ .data) for the head at `head_dir`, its frozen parts from the target at `target_dir`;
     kv_cache "concat" or "static" (the target's form); max_tree_nodes > 0 (static only): the tree form (module
     docstring), its TopK K = tree_width(max_tree_nodes, subset size); attention (graph_form.head_attention's choice) "gqa": the
-    static step through GroupQueryAttention, its rotary caches of max_len rows (the pack's)."""
+    static step through GroupQueryAttention, its rotary caches of max_len rows (the pack's). quantize "int8" / "int4":
+    the step's weights weight-only quantized (quantize/stage.py, as a draft model's: MatMulNBits) before its sampling
+    head is attached; returns that record (None: unquantized)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -94,10 +96,19 @@ def export_head_step(head_dir: Path, target_dir: Path, out_onnx: Path, dtype: st
     width = tree_width(max_tree_nodes, record.config.subset_size)
     program = _export(head, record, dtype, kv_cache == "static", width, attention, max_len)
     _save(program, plain)
+    graph, quantization = plain, None
+    if quantize != "none":
+        from specpack.quantize.stage import quantize_plain_graph
+
+        graph = out_onnx.with_name(f"{out_onnx.stem}.{quantize}.onnx")
+        quantization = quantize_plain_graph(plain, graph, quantize)
     with warnings.catch_warnings():  # the head's logits come from a Scatter, not a recognizable lm_head: they are
         warnings.simplefilter("ignore", LogitsNotPrunedWarning)  # one row already
-        build_draft_step_graph(plain, out_onnx, vocab_size)
-    plain.unlink()
+        build_draft_step_graph(graph, out_onnx, vocab_size)
+    for path in {plain, graph}:  # the intermediates (_attach moved the last one's data file into the pack)
+        _data_path(path).unlink(missing_ok=True)
+        path.unlink(missing_ok=True)
+    return quantization
 
 
 class _StepForward:

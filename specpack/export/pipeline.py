@@ -244,17 +244,18 @@ def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path
         feature_dim = 0 if sources.head is None else len(sources.taps) * int(sources.head["config"]["target_hidden"])
         write_kv_compact(pack_dir / KV_COMPACT_FILE, info.num_layers, info.kv_heads, info.head_dim, config.dtype,
                          feature_dim)
-    head_file = None
+    head_file, head_quantization = None, None
     if sources.head_dir is not None:
         head_file = HEAD_STEP_FILE
         attention = head_attention(sources.target.form.attention, config.kv_cache, config.max_tree_nodes,
                                    sources.target.info.head_dim)
-        with phase(f"exporting the draft head's step graph ({attention} attention)", _log):
-            _run_stage(_export_head, config.isolate, sources.head_dir, sources.target.model_dir, pack_dir / head_file,
-                       config.dtype, sources.vocab_size, config.kv_cache, config.max_tree_nodes, attention,
-                       sources.max_len)
+        method = config.quantize_draft or modes.NONE
+        with phase(f"exporting the draft head's step graph ({attention} attention, weights {method})", _log):
+            head_quantization = _run_stage(_export_head, config.isolate, sources.head_dir, sources.target.model_dir,
+                                           pack_dir / head_file, config.dtype, sources.vocab_size, config.kv_cache,
+                                           config.max_tree_nodes, attention, sources.max_len, method)
     return AttachedGraphs(files=files, quantization={role: g.quantization for role, g in quantized.graphs.items()},
-                          head_file=head_file)
+                          head_file=head_file, head_quantization=head_quantization)
 
 
 def batched_graphs(sources: Sources, quantized: QuantizedGraphs, attached: AttachedGraphs, pack_dir: Path,
@@ -339,12 +340,15 @@ def _check_head(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, 
 
 
 def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_size: int, kv_cache: str,
-                 max_tree_nodes: int = 0, attention: str = "standard", max_len: int = 0) -> None:
+                 max_tree_nodes: int = 0, attention: str = "standard", max_len: int = 0,
+                 quantize: str = "none") -> dict[str, Any] | None:
     """head_step.onnx from the trained head, in the target's KV form (export/head_export.py); max_tree_nodes > 0:
-    its tree form (it drafts token trees); attention: graph_form.head_attention's choice."""
+    its tree form (it drafts token trees); attention: graph_form.head_attention's choice; quantize: int8 / int4
+    weight-only (its record returned), or none."""
     from specpack.export.head_export import export_head_step
 
-    export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache, max_tree_nodes, attention, max_len)
+    return export_head_step(head_dir, target_dir, out, dtype, vocab_size, kv_cache, max_tree_nodes, attention, max_len,
+                            quantize)
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str, method: str,

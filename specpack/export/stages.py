@@ -110,5 +110,6 @@ class AttachedGraphs:
     files: Mapping[Role, str]                                # draft_step.onnx, verify.onnx
     quantization: Mapping[Role, QuantizationRecord | None]
     head_file: str | None = None                             # head_step.onnx of a head pack
+    head_quantization: QuantizationRecord | None = None      # --quantize-draft int8 / int4 of head_step.onnx
     batched: Mapping[Role, str] = field(default_factory=dict)  # --max-batch: verify_batched.onnx, draft_batched.onnx
     batched_quantization: Mapping[Role, QuantizationRecord] = field(default_factory=dict)  # quantized ones' records

@@ -64,7 +64,8 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
         head=None if head is None else head_entry(pack_dir, head, config.dtype, graphs.head_file or HEAD_STEP_FILE,
                                                  config.kv_cache, config.max_tree_nodes,
                                                  head_attention(sources.target.form.attention, config.kv_cache,
-                                                                config.max_tree_nodes, sources.target.info.head_dim)),
+                                                                config.max_tree_nodes, sources.target.info.head_dim),
+                                                 graphs.head_quantization),
         draft=models.get("draft"),
         target=models["target"],
         vocab_size=sources.vocab_size,
@@ -79,10 +80,11 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
 
 
 def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file: str = HEAD_STEP_FILE,
-               kv_cache: str = "concat", max_tree_nodes: int = 0, attention: str = "standard") -> HeadEntry:
+               kv_cache: str = "concat", max_tree_nodes: int = 0, attention: str = "standard",
+               quantization: Mapping[str, Any] | None = None) -> HeadEntry:
     """The manifest's head entry from head.json's record: what the runtime needs typed, the training record kept;
     kv_cache: the head graph's form (the target's: export/head_export.py); max_tree_nodes > 0: its tree form;
-    attention: graph_form.head_attention's choice."""
+    attention: graph_form.head_attention's choice; quantization: head_step.onnx's weight-only record, if any."""
     from specpack.export.head_export import tree_width
 
     config = record["config"]
@@ -92,7 +94,7 @@ def head_entry(pack_dir: Path, record: Mapping[str, Any], dtype: str, graph_file
         "graph": graph_entry(pack_dir, graph_file, _head_form(kv_cache, attention)), "dtype": dtype, "taps": config["taps"],
         "feature_dim": config["target_hidden"] * len(config["taps"]), "hidden": config["hidden"],
         "kv_heads": config["kv_heads"], "head_dim": config["head_dim"], "subset_size": config["subset_size"],
-        "tree_width": tree_width(max_tree_nodes, config["subset_size"]),
+        "tree_width": tree_width(max_tree_nodes, config["subset_size"]), "quantization": quantization,
         "subset_sha256": record["subset_sha256"], "weights_sha256": record["weights_sha256"],
         "target_weights_sha256": record["target"]["weights_sha256"],
         "data": [{"name": d["name"], "tokens": d["tokens"], "sha256": d["sha256"]} for d in record.get("data", [])],
