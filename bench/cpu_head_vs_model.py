@@ -5,9 +5,10 @@
         --out bench/results/cpu_head_vs_model.json [--prompts-per-file 6] [--max-new-tokens 96] [--threads 2]
 
 Both packs are loaded once; each prompt is decoded greedily by every configuration back to back (AR through each
-pack's own verify graph, the model drafter at adaptive k and k 4, the head at adaptive k, k 1 and k 2). Reported:
+pack's own verify graph, the model drafter at adaptive k and k 4, each head at adaptive k and k 1-3). Reported:
 per configuration the median over prompts of decode tokens/s (after the first token) and of the speedup over its
-own pack's AR, and the head's tokens/s over the model drafter's (adaptive vs adaptive, best fixed vs best fixed).
+own pack's AR, and each head's tokens/s over the model drafter's (adaptive vs adaptive, best fixed vs best fixed).
+Several --head-pack (e.g. one head unquantized and `--quantize-draft int4`): each runs at adaptive k and k 1-3.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-CONFIGS: list[tuple[str, str, str, int | None]] = [  # (label, pack, drafter, k)
-    ("model-ar", "model", "model", 0), ("model-auto", "model", "model", None), ("model-k4", "model", "model", 4),
-    ("head-ar", "head", "head", 0), ("head-auto", "head", "head", None), ("head-k1", "head", "head", 1),
-    ("head-k2", "head", "head", 2)]
+MODEL_CONFIGS: list[tuple[str, str, str, int | None]] = [  # (label, pack, drafter, k)
+    ("model-ar", "model", "model", 0), ("model-auto", "model", "model", None), ("model-k4", "model", "model", 4)]
+HEAD_KS: list[tuple[str, int | None]] = [("ar", 0), ("auto", None), ("k1", 1), ("k2", 2), ("k3", 3)]
+
+
+def head_label(i: int) -> str:
+    """The i-th --head-pack's name: "head", then "head2", "head3", ..."""
+    return "head" if i == 0 else f"head{i + 1}"
 
 
 def main() -> None:
@@ -33,7 +38,8 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-pack", required=True)
-    parser.add_argument("--head-pack", required=True)
+    parser.add_argument("--head-pack", nargs="+", required=True,
+                        help="one or more head packs of the same target (e.g. its head unquantized and int4)")
     parser.add_argument("--prompts", nargs="+", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--prompts-per-file", type=int, default=6)
@@ -42,36 +48,39 @@ def main() -> None:
     args = parser.parse_args()
 
     load_start = os.getloadavg()
+    heads = [head_label(i) for i in range(len(args.head_pack))]
     packs = {name: specpack.load(path, threads=args.threads) for name, path in
-             (("model", args.model_pack), ("head", args.head_pack))}
+             (("model", args.model_pack), *zip(heads, args.head_pack, strict=True))}
+    configs = [*MODEL_CONFIGS, *((f"{h}-{suffix}", h, "head", k) for h in heads for suffix, k in HEAD_KS)]
     prompts = [p for path in args.prompts for p in read_prompts([path], None)[: args.prompts_per_file]]
-    for _, pack, drafter, k in CONFIGS:  # warm-up: sessions, adaptive k's first costs
+    for _, pack, drafter, k in configs:  # warm-up: sessions, adaptive k's first costs
         packs[pack].generate(prompts[0].text, 16, k=k, drafter=drafter, chat=prompts[0].chat)
     rows: list[dict[str, Any]] = []
     for prompt in prompts:
         row: dict[str, Any] = {"id": prompt.id}
-        for label, pack, drafter, k in CONFIGS:
+        for label, pack, drafter, k in configs:
             out = packs[pack].generate(prompt.text, args.max_new_tokens, k=k, drafter=drafter, chat=prompt.chat)
             row[label] = {"tokens_per_s": out.stats["tokens_per_s"], "alpha": out.stats["alpha"],
                           "tau": out.stats["tau"], "tokens": out.tokens}
-        for pack in ("model", "head"):
-            for label, owner, _, _ in CONFIGS:
+        for pack in ("model", *heads):
+            for label, owner, _, _ in configs:
                 if owner == pack:
                     row[label]["identical"] = row[label]["tokens"] == row[f"{pack}-ar"]["tokens"]
                     row[label]["speedup"] = row[label]["tokens_per_s"] / row[f"{pack}-ar"]["tokens_per_s"]
         rows.append(row)
-        print(prompt.id, " ".join(f"{label} {row[label]['tokens_per_s']:.1f}" for label, *_ in CONFIGS), flush=True)
+        print(prompt.id, " ".join(f"{label} {row[label]['tokens_per_s']:.1f}" for label, *_ in configs), flush=True)
     summary = {label: {"tokens_per_s": statistics.median(r[label]["tokens_per_s"] for r in rows),
                        "speedup": statistics.median(r[label]["speedup"] for r in rows),
                        "alpha": statistics.median(r[label]["alpha"] for r in rows),
-                       "identical": sum(r[label]["identical"] for r in rows)} for label, *_ in CONFIGS}
-    head_vs_model = {
-        "auto": statistics.median(r["head-auto"]["tokens_per_s"] / r["model-auto"]["tokens_per_s"] for r in rows),
-        "best_fixed": statistics.median(max(r["head-k1"]["tokens_per_s"], r["head-k2"]["tokens_per_s"])
-                                        / r["model-k4"]["tokens_per_s"] for r in rows)}
+                       "identical": sum(r[label]["identical"] for r in rows)} for label, *_ in configs}
+    head_vs_model = {h: {
+        "auto": statistics.median(r[f"{h}-auto"]["tokens_per_s"] / r["model-auto"]["tokens_per_s"] for r in rows),
+        "best_fixed": statistics.median(max(r[f"{h}-{k}"]["tokens_per_s"] for k in ("k1", "k2", "k3"))
+                                        / r["model-k4"]["tokens_per_s"] for r in rows)} for h in heads}
     result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                           "loadavg_start_end": [load_start, os.getloadavg()], "threads": args.threads},
-              "packs": {"model": args.model_pack, "head": args.head_pack}, "max_new_tokens": args.max_new_tokens,
+              "packs": {"model": args.model_pack, **dict(zip(heads, args.head_pack, strict=True))},
+              "max_new_tokens": args.max_new_tokens,
               "rows": rows, "summary": summary, "head_over_model": head_vs_model, "time": time.ctime()}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"summary": summary, "head_over_model": head_vs_model}, indent=1))
