@@ -111,6 +111,18 @@ def test_held_out_windows_are_never_trained_on() -> None:
     assert _split(windows[: 2 * HOLDOUT_EVERY - 1])[1].size == 0  # a tiny corpus: no held-out windows
 
 
+def test_the_evaluated_held_out_windows_span_the_corpus() -> None:
+    """Not the first EVAL_WINDOWS held-out windows (all in the corpus's first parts: Run H's were mostly stdlib text)
+    but windows spread from the first to the last, each once."""
+    from specpack.distill.trainer import EVAL_WINDOWS, eval_windows
+
+    heldout = np.arange(49, 50 * 1000, 50)  # 1,000 held-out windows' starts
+    chosen = eval_windows(heldout)
+    assert chosen.size == EVAL_WINDOWS and chosen[0] == heldout[0] and chosen[-1] == heldout[-1]
+    assert np.all(np.diff(chosen) > 0) and set(chosen) <= set(heldout)
+    assert np.array_equal(eval_windows(heldout[:10]), heldout[:10])
+
+
 def test_cli_with_prompt_data(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path) -> None:
     """`specpack distill --data PROMPTS --data TEXT`: the target answers the prompts; both parts are recorded."""
     target = tiny_pairs("qwen2")[1]
