@@ -23,6 +23,7 @@ headcost  bench/head_step_cost.py: the trained head's step graph in the standard
 genai   onnxruntime-genai autoregressive with and without CUDA graphs on the same target (bench/gpu.py's phase_genai)
 arprofile  our k 0 step and onnxruntime-genai's (after `genai`) under PyTorch's profiler: kernels per token, the largest
 scatter-ab  our AR and the head at k 3 with the cache writes widened (graphs/element_scatter.py) and as exported
+treecost  bench/tree_head_costs.py --graphs builder --profile at the 1.5B shape: where the builder's tree verify grows
 keep    the trained head's files and its training corpus (HEAD/ckpt/corpus.*) split into KEEP_CHUNK pieces under
         WORK/keep (with their sha256 in keep.json), for `run` calls to bring back 4 at a time (files back: 8 of 16 MiB,
         64 MiB a call); join them here with `cat head.safetensors.* > head.safetensors` and check the sha256 in
@@ -231,17 +232,22 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_captu
 
 def phase_scatter_ab(args: argparse.Namespace, result: dict[str, Any]) -> None:
     """Our AR and the head at k 3 on the 8 prompts, with the cache writes widened to an element per index (the
-    backend's way since Run H: graphs/element_scatter.py) and as exported (a row per ScatterND thread), the two packs
-    alternating per prompt: what the widening buys a step. Greedy tokens must agree."""
+    backend's way since Run H: graphs/element_scatter.py) and as exported (a row per ScatterND thread), and widened
+    without the pad row (BackendOptions.pad_single_steps off: a k = 0 step over one row, as the peer runs it), the
+    packs alternating per prompt: what the widening buys a step, and what the pad row costs. Whether every greedy
+    output agrees is recorded (the pad row exists so that they do: docs/architecture.md)."""
     import specpack as sp
     import specpack.graphs.element_scatter as element_scatter
+    from specpack.runtime.backend import BackendOptions
 
     widen = element_scatter.element_scatter_bytes
     packs = {}
-    for label, rewrite in (("widened", widen), ("as_exported", lambda model: model)):
+    for label, rewrite, pad in (("widened", widen, True), ("as_exported", lambda model: model, True),
+                                ("widened_one_row", widen, False)):
         element_scatter.element_scatter_bytes = rewrite  # bench only: what open_session applies (restored below)
         try:
-            packs[label] = sp.load(Path(args.work) / "pack-head", device=args.device)
+            packs[label] = sp.load(Path(args.work) / "pack-head", device=args.device,
+                                   options=BackendOptions(pad_single_steps=pad))
         finally:
             element_scatter.element_scatter_bytes = widen
     rows = []
@@ -276,6 +282,18 @@ def phase_headcost(args: argparse.Namespace, result: dict[str, Any]) -> None:
                     str(work / "head"), "--target", str(target), "--json", str(out), "--max-len", str(MAX_LEN),
                     "--device", args.device, *(["--profile"] if args.device == "cuda" else [])], check=True)
     result["headcost"] = json.loads(out.read_text())
+
+
+def phase_treecost(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """bench/tree_head_costs.py on the model builder's graphs at the 1.5B shape (random weights) with --profile: v(T)
+    and the kernels of the chain verify of one draft and of trees of 1 and 16 nodes (the builder's tree verify grew
+    with its nodes in run E: v(16) 1.54)."""
+    work = Path(args.work)
+    out = work / "treecost.json"
+    subprocess.run([sys.executable, str(Path(__file__).resolve().parent / "tree_head_costs.py"), "--work",
+                    str(work / "treecost"), "--json", str(out), "--graphs", "builder", "--profile",
+                    "--device", args.device, *([] if args.device == "cuda" else ["--shape", "tiny"])], check=True)
+    result["treecost"] = json.loads(out.read_text())
 
 
 def phase_keep(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -518,7 +536,8 @@ def main() -> None:
               "headcost": lambda: phase_headcost(args, result),
               "headtrees": lambda: phase_headtrees(args, result),
               "arprofile": lambda: phase_arprofile(args, result),
-              "scatter-ab": lambda: phase_scatter_ab(args, result)}
+              "scatter-ab": lambda: phase_scatter_ab(args, result),
+              "treecost": lambda: phase_treecost(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:

@@ -2,6 +2,7 @@
 the shapes, not on the values), through the graphs spec-export writes (docs/trees.md, docs/heads.md).
 
     python bench/tree_head_costs.py --work DIR --json OUT [--shape 1.5b] [--device cuda] [--reps 30] [--graphs builder]
+        [--profile]
 
   1. a random Qwen2 model at --shape (fp16 on cuda, fp32 on cpu), saved once under --work
   2. its verify graphs: the chain form (spec-export's default head) and the tree form (--max-tree-nodes 64), static
@@ -14,7 +15,8 @@ the shapes, not on the values), through the graphs spec-export writes (docs/tree
      drafting run (one row of its own output)
 
 Reported: v(k) and v(T) as ratios to the chain verify of one draft (the padded target step every greedy step takes),
-and c = the head's drafting run over that step.
+and c = the head's drafting run over that step; --profile: the kernels per run of the chain verify of one draft and
+the trees of 1 and 16 nodes (why the builder's tree verify grows with its nodes: docs/trees.md, What remains 2).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ SHAPES = {  # Qwen2.5 shapes; "tiny" to try the script on a CPU
 }
 CONTEXT, MAX_LEN, TREE_MAX, SUBSET = 256, 1024, 64, 32768
 KS, TREE_SIZES, CATCH_UP = (0, 1, 2, 4, 8), (1, 2, 4, 8, 16, 32, 64), (1, 2, 5)
+PROFILED_SIZES, PROFILE_RUNS = (1, 16), 20  # --profile: the chain verify of one draft and the trees of 1 and 16 nodes
 
 
 def log(*args: object) -> None:
@@ -151,6 +154,7 @@ class Timer:
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.graph_id = 0
         self.keep: list[Any] = []
+        self.profiles: list[dict[str, Any]] = []
 
     def array(self, host: np.ndarray) -> Any:
         from specpack.runtime.device_buffers import DeviceArray
@@ -160,7 +164,9 @@ class Timer:
         self.keep.append(buffer)
         return buffer.view()
 
-    def median_ms(self, inputs: dict[str, Any], outputs: dict[str, Any], reps: int) -> float:
+    def median_ms(self, inputs: dict[str, Any], outputs: dict[str, Any], reps: int, profile: bool = False) -> float:
+        """The median of `reps` runs after 5 warm-up ones; profile: then PROFILE_RUNS more under PyTorch's profiler,
+        their kernels per run in self.profiles (head_step_cost.kernel_summary)."""
         from specpack.runtime.device_buffers import bind
 
         binding = self.session.io_binding()
@@ -174,11 +180,21 @@ class Timer:
             self.session.run_with_iobinding(binding, options)
             if i >= 5:
                 times.append(time.perf_counter() - t0)
+        if profile:
+            from head_step_cost import device_profiler, kernel_summary
+
+            with device_profiler() as prof:
+                t0 = time.perf_counter()
+                for _ in range(PROFILE_RUNS):
+                    self.session.run_with_iobinding(binding, options)
+                wall = time.perf_counter() - t0
+            self.profiles.append(kernel_summary(prof, PROFILE_RUNS, wall))
         return 1e3 * statistics.median(times)
 
 
-def verify_costs(graph: Path, config: Any, dtype: str, device: str, capture: bool, tree: bool, reps: int
-                 ) -> dict[str, float]:
+def verify_costs(graph: Path, config: Any, dtype: str, device: str, capture: bool, tree: bool, reps: int,
+                 profiles: dict[str, Any] | None = None) -> dict[str, float]:
+    """Median ms per size; `profiles` (a dict to fill): the kernels of PROFILED_SIZES' runs, by size."""
     from specpack import names
     from specpack.runtime.device_buffers import DeviceStaticKVCache
 
@@ -207,7 +223,10 @@ def verify_costs(graph: Path, config: Any, dtype: str, device: str, capture: boo
             outputs[names.PATH] = timer.array(np.zeros((1, seq), np.int64))
         else:
             inputs[names.DRAFT_PROBS] = timer.array(np.zeros((1, size, config.vocab_size), np.float32))
-        out[str(size)] = timer.median_ms(inputs, outputs, reps)
+        profile = profiles is not None and size in PROFILED_SIZES
+        out[str(size)] = timer.median_ms(inputs, outputs, reps, profile)
+        if profile and profiles is not None:
+            profiles[str(size)] = timer.profiles[-1]
         log(f"{graph.name} {'T' if tree else 'k'} = {size}: {out[str(size)]:.3f} ms")
     if timer.refused:
         out["capture_refused"] = timer.refused  # type: ignore[assignment]
@@ -252,6 +271,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--export-only", action="store_true", help="write the graphs under --work and stop")
     parser.add_argument("--graphs", default="torch", choices=["torch", "builder"], help="who writes the target's graphs")
+    parser.add_argument("--profile", action="store_true",
+                        help="the kernels of PROFILED_SIZES' verify runs (CUDA graphs on) under PyTorch's profiler: "
+                             "where a tree verify's step grows with its nodes")
     args = parser.parse_args()
     dtype = "fp16" if args.device == "cuda" else "fp32"
     args.work.mkdir(parents=True, exist_ok=True)
@@ -266,10 +288,14 @@ def main() -> None:
         return
     for capture in ((False, True) if args.device == "cuda" else (False,)):
         key = "cuda_graphs" if capture else "no_cuda_graphs"
+        profiled = args.profile and (capture or args.device == "cpu")  # on the CPU: a dry run (no CUDA kernels)
+        profiles: dict[str, dict[str, Any]] | None = {"chain": {}, "tree": {}} if profiled else None
         entry = result[key] = {"chain_verify_ms": verify_costs(chain, config, dtype, args.device, capture, False,
-                                                               args.reps),
+                                                               args.reps, profiles and profiles["chain"]),
                                "tree_verify_ms": verify_costs(tree, config, dtype, args.device, capture, True,
-                                                              args.reps)}
+                                                              args.reps, profiles and profiles["tree"])}
+        if profiles is not None:
+            entry["profiles"] = profiles
         if head is not None:
             entry["head_step_ms"] = head_costs(head, cfg, dtype, args.device, capture, args.reps)
         step = entry["chain_verify_ms"]["1"]  # the padded target step of greedy decoding
