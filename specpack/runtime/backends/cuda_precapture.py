@@ -112,6 +112,9 @@ def precapture_draft(draft: DeviceDraft | DeviceHead, max_len: int, k_max: int) 
 
 
 def _set_half(draft: DeviceDraft | DeviceHead, slot: int, half: int) -> None:
-    """Which half of a head's hidden-state ping-pong the next run reads (part of its captured shape)."""
-    if hasattr(draft.slots[slot], "current"):
-        draft.slots[slot].current = half  # type: ignore[union-attr]
+    """Which half of a head's hidden-state ping-pong the next run reads (part of its captured shape); a draft model
+    has none."""
+    from specpack.runtime.backends.cuda_head import DeviceHead
+
+    if isinstance(draft, DeviceHead):
+        draft.slots[slot].current = half
