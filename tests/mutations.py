@@ -28,6 +28,11 @@ Runtime mutations (RUNTIME_MUTATIONS, `runtime_mutation`) replace one step of th
     features_not_compacted   after a tree verify, a head pack's features cache keeps its rows in node order (the
                              cpu backend's keep_feature_rows does nothing): the head reads rejected nodes' features
 
+Drafter mutations (classes wrapping a pack's Draft, handed to a HeadDrafter):
+
+    TemperedQ                a head that reports each q row squared and renormalized (q at half the temperature the
+                             token was drawn at): a q that is not the distribution its drafts came from
+
 Batched verify head mutations (BATCHED_HEAD_MUTATIONS, `batched_head_mutation`) change the graph built while they
 are active (specpack/graphs/batched_head.py):
 
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -154,3 +160,27 @@ RUNTIME_MUTATIONS = ("features_not_compacted",)
 def runtime_mutation(name: str) -> contextlib.AbstractContextManager[None]:
     """The runtime with the defect `name` (RUNTIME_MUTATIONS) for the duration of the block."""
     return _patched(*_runtime_patches()[name])
+
+
+class TemperedQ:
+    """A head's Draft (`real`) with each q row it reports squared and renormalized; `q` gives host arrays [1, k, V]
+    (the cpu backend's); tests/runtime/test_cuda_head.py's TemperedDeviceQ puts them on the device."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+
+    def reset(self, state: Any) -> None:
+        self.real.reset(state)
+
+    def step(self, state: Any, end: int, row: int) -> int:
+        return int(self.real.step(state, end, row))
+
+    def tempered(self, q: np.ndarray) -> np.ndarray:
+        """q [1, k, V] -> q^2 / sum(q^2) per row."""
+        return q * q / (q * q).sum(-1, keepdims=True)
+
+    def q(self, state: Any, k: int) -> Any:
+        return self.tempered(np.asarray(self.real.q(state, k), F32))
+
+    def rollback(self, state: Any, length: int) -> None:
+        self.real.rollback(state, length)

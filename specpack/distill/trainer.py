@@ -30,8 +30,9 @@ from specpack.distill.checkpoint import checkpoint_path, load_checkpoint, save_c
 from specpack.distill.config import DistillConfig
 from specpack.distill.data import Corpus, build_corpus, recipe
 from specpack.distill.subset import coverage, frequency_subset
-from specpack.distill.warm_start import describe, read_init, warm_start
+from specpack.distill.warm_start import describe, warm_start
 from specpack.errors import SpecpackError
+from specpack.heads.head_file import read_head
 
 HOLDOUT_EVERY = 50  # every 50th training window is held out (never trained on): the record's held-out metric
 EVAL_WINDOWS = 64  # held-out windows evaluated at each checkpoint and at the end
@@ -66,7 +67,7 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
     if config.device == "cuda":
         target = target.to("cuda", torch.bfloat16)
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
-    init = read_init(config.init) if config.init is not None else None
+    init = read_head(Path(config.init)) if config.init is not None else None  # checked as any head is read
     settings = {**config.record(), "recipe": recipe(config), "data": list(config.data),
                 **({"init_weights_sha256": init.data["weights_sha256"]} if init is not None else {})}
     state = load_checkpoint(out, settings, target_sha)

@@ -8,21 +8,15 @@ of its own data, and the frozen lm_head rows with them), nor are the frozen part
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specpack.errors import SpecpackError
-from specpack.heads.head_file import FROZEN, HeadRecord, check_target, read_head
+from specpack.heads.head_file import FROZEN, HeadRecord, check_target
 
 if TYPE_CHECKING:
     from specpack.heads.model import DraftHead
 
 NOT_LOADED = (*FROZEN, "subset")  # rebuilt from the target and the new run's own data
-
-
-def read_init(path: str) -> HeadRecord:
-    """The earlier head, checked as any head is read (format, its weights' hash)."""
-    return read_head(Path(path))
 
 
 def describe(init: HeadRecord) -> dict[str, Any]:

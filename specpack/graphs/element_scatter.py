@@ -10,8 +10,8 @@ the in-place contract stays (data and output one buffer: static_attention.py), a
       -> indices [..., W, r] = (the row's index, w) for w in 0 .. W - 1:
          Concat(Expand(Unsqueeze(indices, -2), [..., W, r - 1]), Expand(Range(W) as [W, 1], [..., W, 1]), axis -1)
 
-Only writes of whole last-dimension rows (indices' last dimension r - 1, as every cache write of a pack: the KV caches
-of the static and batched forms, the features cache, kv_compact.onnx) are rewritten; others stay. The shapes enter
+Only writes of whole last-dimension rows (indices' last dimension r - 1, as every cache write of the graphs the cuda
+backend opens: the static form's KV caches, the features cache, kv_compact.onnx) are rewritten; others stay. The shapes enter
 through Shape and Range, host values on every EP, as the writes themselves build their indices. The indices take
 S x W x r int64: 295 KB for the features of a 2-row step, S x 147 KB for a longer run (an uncaptured prefill of S
 rows holds them while it runs). The cuda backend applies it to every graph it opens (backends/cuda.py); the cpu

@@ -215,8 +215,8 @@ def test_init_starts_from_an_earlier_heads_weights(tiny_head: Callable[..., tupl
     """--init HEAD: the new run's first weights are that head's trained tensors (not its subset: the new data's), the
     record names it; refused for another target or another shape, as a CLI error (exit 2)."""
     from specpack.distill.trainer import _new_head
-    from specpack.distill.warm_start import read_init, warm_start
-    from specpack.heads.head_file import FROZEN
+    from specpack.distill.warm_start import warm_start
+    from specpack.heads.head_file import FROZEN, read_head
 
     earlier, target_dir = tiny_head()
     target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
@@ -226,17 +226,17 @@ def test_init_starts_from_an_earlier_heads_weights(tiny_head: Callable[..., tupl
     head = _new_head(target, config, corpus, target.config.num_hidden_layers)
     trained = load_file(str(earlier / "head.safetensors"))
     assert not all(torch.equal(head.state_dict()[k], v) for k, v in trained.items() if k != "subset")
-    warm_start(head, read_init(str(earlier)), sha, str(target_dir))
+    warm_start(head, read_head(earlier), sha, str(target_dir))
     state = head.state_dict()
     assert all(torch.equal(state[k], v) for k, v in trained.items() if k != "subset")
     assert not torch.equal(state["subset"], trained["subset"])  # the new data's most frequent tokens
     assert not set(FROZEN) & set(trained)
     with pytest.raises(SpecpackError, match="another target"):
-        warm_start(head, read_init(str(earlier)), "0" * 64, str(target_dir))
+        warm_start(head, read_head(earlier), "0" * 64, str(target_dir))
     other = _new_head(target, DistillConfig(**{**TINY_HEAD_SETTINGS, "subset_size": 100}), corpus,  # type: ignore[arg-type]
                       target.config.num_hidden_layers)
     with pytest.raises(SpecpackError, match="another shape") as err:
-        warm_start(other, read_init(str(earlier)), sha, str(target_dir))
+        warm_start(other, read_head(earlier), sha, str(target_dir))
     assert "subset_size 100" in str(err.value)
 
     run = distill(str(target_dir), tmp_path / "next", _config(tmp_path, steps=2, init=str(earlier)))

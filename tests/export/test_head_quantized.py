@@ -2,7 +2,8 @@
 (MatMulNBits, as a draft model's), recorded in the manifest's head entry. Lossless as any drafter: greedy gives the
 target alone's tokens, and sampling with the quantized head has the target's distribution (the chi-square of
 tests/e2e/test_sampling_distribution.py; its mutation, a misreported q, is tests/runtime/test_cuda_head.py's: the same
-rule reads the q the graph gives, quantized or not; here too, with that head's q tempered, the same test rejects).
+rule reads the q the graph gives, quantized or not; here too, with that head's q tempered (tests/mutations.py's
+TemperedQ), the same test rejects).
 Other modes are refused for a head (exit 2)."""
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
@@ -20,9 +20,9 @@ import specpack
 from specpack.cli.main import cli
 from specpack.contract.manifest import Manifest
 from specpack.runtime.drafter import HeadDrafter
-from specpack.runtime.state import DecodeState
 from specpack.sampling import SamplingParams
 from tests.e2e.test_sampling_distribution import P_FAIL, SAMPLES, TargetLogits, draw_samples, partitions, pvalue
+from tests.mutations import TemperedQ
 
 PROMPTS = ["def add(a, b):", [5], "import os\nprint("]
 
@@ -48,26 +48,6 @@ def test_a_quantized_head_gives_the_target_alones_tokens(tiny_head_pack: Callabl
         assert accepted > 0
     finally:
         pack.close()
-
-
-class TemperedQ:
-    """The head's Draft with each q row it reports squared and renormalized: not the distribution it drew from."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-
-    def reset(self, state: DecodeState) -> None:
-        self.real.reset(state)
-
-    def step(self, state: DecodeState, end: int, row: int) -> int:
-        return self.real.step(state, end, row)
-
-    def q(self, state: DecodeState, k: int) -> np.ndarray:
-        q = np.asarray(self.real.q(state, k), np.float32)  # [1, k, V]
-        return q * q / (q * q).sum(-1, keepdims=True)
-
-    def rollback(self, state: DecodeState, length: int) -> None:
-        self.real.rollback(state, length)
 
 
 @pytest.mark.parametrize("broken", [False, True])

@@ -23,6 +23,7 @@ from specpack.runtime.pack import Pack
 from specpack.runtime.state import DecodeState
 from specpack.sampling import SamplingParams
 from tests.e2e.test_sampling_distribution import P_FAIL, SAMPLES, TargetLogits, draw_samples, partitions, pvalue
+from tests.mutations import TemperedQ
 from tests.runtime.test_cuda_backend import device_pack
 
 PROMPT = "def add(a, b):"
@@ -107,30 +108,21 @@ def test_sampled_tokens_equal_the_cpu_backend(cpu: Pack, dev: Pack) -> None:
             assert got.tokens == want.tokens, (params, k)
 
 
-class TemperedDeviceQ:
-    """A device head with each q row it reports squared and renormalized (q at half the temperature the token was
-    drawn at), copied into a device buffer of its own: a q that is not the distribution the drafts came from."""
+class TemperedDeviceQ(TemperedQ):
+    """tests/mutations.py's TemperedQ over a device head: its q read back from the device, tempered, and copied into a
+    device buffer of its own."""
 
     def __init__(self, real: Any, k_max: int, vocab: int) -> None:
         """real: the backend's Draft over a DeviceHead (its slots' q buffers are read back)."""
-        self.real = real
-        self.tempered = DeviceArray((1, k_max, vocab), np.float32, real.engine.device)
+        super().__init__(real)
+        self.device_q = DeviceArray((1, k_max, vocab), np.float32, real.engine.device)
         self.host = np.zeros((1, k_max, vocab), np.float32)
-
-    def reset(self, state: DecodeState) -> None:
-        self.real.reset(state)
-
-    def step(self, state: DecodeState, end: int, row: int) -> int:
-        return self.real.step(state, end, row)
 
     def q(self, state: DecodeState, k: int) -> DeviceView:
         q = self.real.engine.slots[state.slot].q.read()[:, :k]  # [1, k, V], read back from the device
-        self.host[:, :k] = q * q / (q * q).sum(-1, keepdims=True)
-        self.tempered.write(self.host)
-        return self.tempered.view((1, k, self.host.shape[2]))
-
-    def rollback(self, state: DecodeState, length: int) -> None:
-        self.real.rollback(state, length)
+        self.host[:, :k] = self.tempered(q)
+        self.device_q.write(self.host)
+        return self.device_q.view((1, k, self.host.shape[2]))
 
 
 def device_head_pvalue(dev: Pack, head_dirs: tuple[Path, Path, Path], broken: bool, n: int = SAMPLES) -> float:
