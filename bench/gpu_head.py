@@ -113,6 +113,9 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
 
     work = Path(args.work)
     probe, head = work / "head-probe", work / "head"
+    if head.exists():  # the staged head (phases before `train` ran on it): kept beside, the new one takes its place
+        shutil.rmtree(work / "head-staged", ignore_errors=True)
+        head.rename(work / "head-staged")
     if args.corpus:  # a corpus built by an earlier session: distill reads it when its key matches this run's
         (probe / "ckpt").mkdir(parents=True, exist_ok=True)
         for name in CORPUS_FILES:

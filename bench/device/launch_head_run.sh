@@ -3,7 +3,8 @@
 # working tree) and start, in the background, bench/gpu_head.py (log /tmp/gw/log, JSON /tmp/gw/out.json), then, once
 # it has ended, the GPU tests (GPU_TESTS=1; log /tmp/gw/gputests.log): never beside the benchmark, whose timings the
 # tests' runs would spoil (bench/README.md, "Run E"). Environment: PHASES, TRAIN_MINUTES, DATA, GRAPHS, TREE_GRAPHS
-# (gpu_head.py's options). Without `train` in PHASES, the head staged by stage_head_run.sh's HEAD_DIR becomes WORK/head.
+# (gpu_head.py's options). The head staged by stage_head_run.sh's HEAD_DIR becomes WORK/head: the phases before a
+# `train` run on it (train moves it to WORK/head-staged).
 # Then poll with bench/device/poll_head_run.sh.
 set -euo pipefail
 files=/tmp/stage/files
@@ -11,7 +12,7 @@ gguf=$(find "$files" -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)
 prompts=$(dirname "$(find "$files" -name mt_bench_question.jsonl | head -1)")
 rm -rf /tmp/repo && mkdir -p /tmp/repo /tmp/gw && cp -r . /tmp/repo/ && cd /tmp/repo
 staged_head=$(find "$files" -name head.safetensors | head -1)
-if [[ ",${PHASES:-}," != *,train,* && -n "$staged_head" ]]; then
+if [[ -n "$staged_head" ]]; then
   mkdir -p /tmp/gw/head && cp "$(dirname "$staged_head")"/head.json "$staged_head" /tmp/gw/head/
   echo "the staged head: $(sha256sum /tmp/gw/head/head.safetensors)"
 fi
