@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Stage what bench/gpu_head.py needs on the device machine (bench/README.md, "The draft head on the GPU"): the CUDA
 # wheels (../shared/device/stage ort-gpu first), the 1.5B target's GGUF and the prompt files, as .device/partNN of
-# 50 MiB (each part and the ~10 MiB repository stay under a call's 64 MiB), with ../shared/device/stage's unpack.sh.
+# 45 MiB (PART_SIZE; each part and the ~15 MiB repository stay under a call's 64 MiB), with ../shared/device/stage's unpack.sh.
 # HEAD_DIR (optional): an earlier run's head folder (head.json, head.safetensors), staged too: launch_head_run.sh puts it
 # in place of a training (phases without `train`).
 #   bash bench/device/stage_head_run.sh            then, per part:  run(carry=[.device/partNN, .device/unpack.sh],
@@ -21,5 +21,5 @@ files=("$wheels"/*.whl "$gguf" "$prompts"/HumanEval.jsonl.gz "$prompts"/mt_bench
 [ -n "${HEAD_DIR:-}" ] && [ "${STAGE_CORPUS:-0}" = 1 ] && files+=("$HEAD_DIR"/ckpt/corpus.npz "$HEAD_DIR"/ckpt/corpus.json
                                                                  "$HEAD_DIR"/ckpt/corpus.key.json)
 rm -f .device/part*
-tar -cf - -C / $(for f in "${files[@]}"; do readlink -f "$f" | sed 's|^/||'; done) | split -b 50M -d -a 2 - .device/part
+tar -cf - -C / $(for f in "${files[@]}"; do readlink -f "$f" | sed 's|^/||'; done) | split -b "${PART_SIZE:-45M}" -d -a 2 - .device/part
 echo "$(ls .device/part* | wc -l) parts in .device/"
