@@ -33,6 +33,10 @@ keep    the trained head's files and its training corpus (HEAD/ckpt/corpus.*) sp
 trees   a prompt-lookup tree pack (--drafter ngram --max-tree-nodes TREE_NODES, --tree-graphs, static, fp16): prompt
         lookup as chains (k 4, adaptive) and as trees (auto, fixed sizes) on the 8 prompts, with its own AR; after
         `headtrees` (and no training), on the head's tree pack instead
+model   the 0.5B draft model beside the head, same run (the issue's must-show): a model-drafter pack of --draft-gguf
+        and the target on the head pack's graphs (builder or torch, fp16, static), step costs (its c), then per prompt
+        of the 8, back to back: the head pack's AR and head k 3 / adaptive, the model pack's AR and the model drafter at
+        k 2 / 3 / 4 / adaptive; speedups over the head pack's AR (our AR everywhere else) and over its own pack's
 headtrees  a tree pack of the trained head (--draft-head, on --tree-graphs): the head's chains (k 2, adaptive) and
         EAGLE-2 trees (auto, 4, 8, 16 nodes) on the 8 prompts, with the tree pack's own AR
 Each phase writes the JSON as it ends; a failing phase records its error and the next runs.
@@ -231,6 +235,59 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_captu
         "capture": getattr(pack.backend, "capture_report", dict)()}
     log(json.dumps(categories, indent=1))
     pack.close()
+
+
+MODEL_RUNS: list[tuple[str, str, str, int | None]] = [("ar", "head", "head", 0), ("head-3", "head", "head", 3),
+                                                      ("head-auto", "head", "head", None),
+                                                      ("model-ar", "model", "model", 0),
+                                                      *((f"model-{k}", "model", "model", k) for k in (2, 3, 4)),
+                                                      ("model-auto", "model", "model", None)]
+
+
+def phase_model(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """The 0.5B draft model on the GPU beside the head, same run: its pack exported on the head pack's graphs, then
+    MODEL_RUNS (label, pack, drafter, k) per prompt back to back, 128 tokens, greedy (module docstring, `model`)."""
+    import specpack as sp
+    from specpack.bench.timing import measure_step_costs
+
+    if not args.draft_gguf:
+        raise RuntimeError("the model phase needs --draft-gguf (stage it: STAGE_DRAFT=1 bash bench/device/stage_head_run.sh)")
+    work = Path(args.work)
+    t0 = time.perf_counter()
+    graphs = ["--graphs", "builder", "--ep", "cuda"] if args.graphs == "builder" else ["--attention", "gqa"]
+    if not (work / "pack-model" / "manifest.json").is_file():  # exported once a session
+        specpack("export", "--draft", args.draft_gguf, "--target", args.target_gguf, "-o", str(work / "pack-model"),
+                 "--kv-cache", "static", *graphs, "--dtype", "fp16", "--k", "8", "--max-len", str(MAX_LEN),
+                 "--dequantize", "--overwrite")
+    export_s = time.perf_counter() - t0
+    packs = {"head": sp.load(work / "pack-head", device=args.device), "model": sp.load(work / "pack-model", device=args.device)}
+    encoded = [(p, {name: pack.encode(p.text, chat=p.chat) for name, pack in packs.items()}) for p in gpu.real_prompts(args)]
+    for _, pack_name, drafter, k in MODEL_RUNS:  # warm up
+        packs[pack_name].generate(encoded[0][1][pack_name], 32, k=k, drafter=drafter)
+    costs = {name: measure_step_costs(pack, list(range(1, 9)), 256, encoded[0][1][name], reps=30).to_dict()
+             for name, pack in packs.items()}
+    rows = []
+    for prompt, ids in encoded:
+        row: dict[str, Any] = {"id": prompt.id}
+        for label, pack_name, drafter, k in MODEL_RUNS:
+            out = packs[pack_name].generate(ids[pack_name], 128, k=k, drafter=drafter)
+            row[label] = {"tokens": out.tokens, "stats": dict(out.stats)}
+        row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, *_ in MODEL_RUNS}
+        rows.append(row)
+        log(f"{prompt.id}: " + ", ".join(f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}"
+                                         for label, *_ in MODEL_RUNS))
+    own_ar = {"head": "ar", "model": "model-ar"}
+    summary = {label: {"tokens_per_s": _rate(rows, label), "vs_our_ar": _rate(rows, label) / _rate(rows, "ar"),
+                       "vs_its_pack_ar": _rate(rows, label) / _rate(rows, own_ar[pack_name]),
+                       "tau": sum(r[label]["stats"]["new_tokens"] for r in rows)
+                       / max(1, sum(r[label]["stats"]["steps"] for r in rows)),
+                       "identical": sum(r["identical"][label] for r in rows)}
+               for label, pack_name, _, _ in MODEL_RUNS}
+    result["model"] = {"export_s": export_s, "costs": costs, "rows": rows, "summary": summary,
+                       "capture": {name: getattr(pack.backend, "capture_report", dict)() for name, pack in packs.items()}}
+    log(json.dumps(summary, indent=1))
+    for pack in packs.values():
+        pack.close()
 
 
 def phase_scatter_ab(args: argparse.Namespace, result: dict[str, Any]) -> None:
@@ -513,6 +570,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--work", required=True)
     parser.add_argument("--target-gguf", required=True)
+    parser.add_argument("--draft-gguf", help="the 0.5B draft model's GGUF (the `model` phase)")
     parser.add_argument("--prompts", nargs="+", required=True)
     parser.add_argument("--json", required=True)
     parser.add_argument("--train-minutes", type=float, default=6.0)
@@ -540,7 +598,8 @@ def main() -> None:
               "headtrees": lambda: phase_headtrees(args, result),
               "arprofile": lambda: phase_arprofile(args, result),
               "scatter-ab": lambda: phase_scatter_ab(args, result),
-              "treecost": lambda: phase_treecost(args, result)}
+              "treecost": lambda: phase_treecost(args, result),
+              "model": lambda: phase_model(args, result)}
     for name in args.phases.split(","):
         t0 = time.perf_counter()
         try:

@@ -11,6 +11,7 @@ files=/tmp/stage/files
 gguf=$(find "$files" -name 'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf' | head -1)
 prompts=$(dirname "$(find "$files" -name mt_bench_question.jsonl | head -1)")
 rm -rf /tmp/repo && mkdir -p /tmp/repo /tmp/gw && cp -r . /tmp/repo/ && cd /tmp/repo
+draft=$(find "$files" -name 'qwen2.5-coder-0.5b-instruct-q4_k_m.gguf' | head -1)  # staged with STAGE_DRAFT=1
 staged_head=$(find "$files" -name head.safetensors | head -1)
 if [[ -n "$staged_head" ]]; then
   mkdir -p /tmp/gw/head && cp "$(dirname "$staged_head")"/head.json "$staged_head" /tmp/gw/head/
@@ -22,7 +23,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 head_run=(python3 bench/gpu_head.py --work /tmp/gw --target-gguf "$gguf"
   --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" "$prompts/spec_bench_question.jsonl"
   --json /tmp/gw/out.json --train-minutes "${TRAIN_MINUTES:-6}" --graphs "${GRAPHS:-builder}"
-  --tree-graphs "${TREE_GRAPHS:-builder}" --phases "${PHASES:-card,train,export,decode,genai}" ${DATA:+--data "$DATA"})
+  --tree-graphs "${TREE_GRAPHS:-builder}" --phases "${PHASES:-card,train,export,decode,genai}" ${DATA:+--data "$DATA"}
+  ${draft:+--draft-gguf "$draft"})
 tests=true
 [ "${GPU_TESTS:-0}" = 1 ] && tests="python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1"
 # setsid: a device call kills its own session's processes when it returns

@@ -20,6 +20,9 @@ files=("$wheels"/*.whl "$gguf" "$prompts"/HumanEval.jsonl.gz "$prompts"/mt_bench
 # (/tmp/stage/files/<HEAD_DIR without its leading />/ckpt): new data adds to it instead of replacing it
 [ -n "${HEAD_DIR:-}" ] && [ "${STAGE_CORPUS:-0}" = 1 ] && files+=("$HEAD_DIR"/ckpt/corpus.npz "$HEAD_DIR"/ckpt/corpus.json
                                                                  "$HEAD_DIR"/ckpt/corpus.key.json)
+# STAGE_DRAFT=1: the 0.5B draft model's GGUF too (gpu_head.py's `model` phase: the model drafter beside the head)
+draft=${DRAFT_GGUF:-$HOME/.cache/specpack/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+[ "${STAGE_DRAFT:-0}" = 1 ] && files+=("$draft")
 rm -f .device/part*
 tar -cf - -C / $(for f in "${files[@]}"; do readlink -f "$f" | sed 's|^/||'; done) | split -b "${PART_SIZE:-45M}" -d -a 2 - .device/part
 echo "$(ls .device/part* | wc -l) parts in .device/"
