@@ -1,6 +1,7 @@
 """Pre-capture (runtime/backends/cuda_precapture.py) on the cuda backend's code, run on the CPU EP: every shape a
-greedy chain request runs was already run at load, so no graph is captured mid-request on a GPU; the tokens are
-unchanged (the dummy rows are dropped) and each slot's cache is empty after load.
+greedy request runs (chains; a tree pack's trees: its tree verifies, kv_compact.onnx and the head's tree runs) was
+already run at load, so no graph is captured mid-request on a GPU; the tokens are unchanged (the dummy rows are
+dropped) and each slot's cache is empty after load.
 
 A shape is "run" when its binding exists (bound once per shape, and captured with it on the GPU): a request that adds
 a binding would capture a graph mid-request there."""
@@ -15,15 +16,26 @@ import numpy as np
 import pytest
 
 import specpack
+from specpack.runtime.backends import cuda_precapture
 from specpack.runtime.ngram_drafter import NgramConfig
 from specpack.runtime.pack import Pack
+from specpack.runtime.state import DecodeState, Proposal
 from tests.runtime.test_cuda_backend import device_pack
+
+NGRAM = NgramConfig(1, 3, width=4)  # as tests/runtime/test_cuda_tree.py's packs
+REPEATED = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"  # prompt lookup drafts tries here
+PROMPT = "def add(a, b):"
 
 
 def _bindings(pack: Pack) -> dict[str, set[tuple[Any, ...]]]:
+    """Every shape bound so far: per engine (slot, *key), and kv_compact.onnx's (slot, T)."""
     backend: Any = pack.backend
-    engines = {"target": backend.target().engine, "draft": backend.draft().engine}
-    return {label: {(i, *key) for i, slot in enumerate(e.slots) for key in slot.bindings} for label, e in engines.items()}
+    target = backend.target().engine
+    engines = {"target": target}
+    if pack.manifest.draft_model is not None or pack.manifest.head is not None:  # a prompt-lookup pack has no draft
+        engines["draft"] = backend.draft().engine
+    bound = {label: {(i, *key) for i, slot in enumerate(e.slots) for key in slot.bindings} for label, e in engines.items()}
+    return {**bound, "kv_compact": set(target._compact_bindings)}
 
 
 def _requests(pack: Pack, drafter: str) -> list[tuple[Any, int | None]]:
@@ -65,7 +77,7 @@ def test_without_precapture_a_request_binds_new_shapes(tiny_head_pack: Callable[
     dev = device_pack(tiny_head_pack("qwen2", kv_cache="static")[0], chunked_runs=True, precapture=precapture)
     try:
         before = _bindings(dev)
-        dev.generate("def add(a, b):", 24, drafter="head")
+        dev.generate(PROMPT, 24, drafter="head")
         assert (_bindings(dev) != before) is not precapture
     finally:
         dev.close()
@@ -74,19 +86,141 @@ def test_without_precapture_a_request_binds_new_shapes(tiny_head_pack: Callable[
 def test_a_tree_pack_precaptures_its_chains_and_keeps_its_tokens(tiny_export: Callable[..., Path]) -> None:
     """A tree pack (short_max T_max + 1 > k_max + 1): its chains run no new shape; trees keep their tokens."""
     pack_dir = tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)
-    ngram = NgramConfig(1, 3, width=4)  # as tests/runtime/test_cuda_tree.py's packs
-    cpu = specpack.load(pack_dir, threads=1, ngram=ngram)
+    cpu = specpack.load(pack_dir, threads=1, ngram=NGRAM)
     dev = device_pack(pack_dir, chunked_runs=True, precapture=True)
-    dev = Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=ngram)
+    dev = Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=NGRAM)
     try:
         before = _bindings(dev)
         for prompt, k in _requests(dev, "model")[:15]:  # prompts up to 13 tokens: max_len 64
             want = cpu.generate(prompt, 24, k=k, tree="off").tokens
             assert dev.generate(prompt, 24, k=k, tree="off").tokens == want, (prompt, k)
         assert _bindings(dev) == before
-        repeated = "x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n"  # prompt lookup drafts tries here
-        got = dev.generate(repeated, 24, drafter="ngram", tree=4)
-        assert got.tokens == cpu.generate(repeated, 24, drafter="ngram", tree=4).tokens and got.stats["proposed"]
+        got = dev.generate(REPEATED, 24, drafter="ngram", tree=4)
+        assert got.tokens == cpu.generate(REPEATED, 24, drafter="ngram", tree=4).tokens and got.stats["proposed"]
+        assert _bindings(dev) == before
+    finally:
+        cpu.close()
+        dev.close()
+
+
+# The tree packs (the tree_packs fixture), each with the drafter of its trees. "head": a head tree pack (k 4, 16 nodes,
+# max_len 256, the head's K 8: tests/e2e/test_head_trees.py's); "lookup": a prompt-lookup tree pack (no draft model nor
+# head; k 4, 16 nodes, max_len 64: tests/gpu/test_cuda_gpu.py's, fp32).
+TREE_PACKS = {"head": "head", "lookup": "ngram"}
+
+
+@pytest.fixture(scope="module")
+def tree_packs(tiny_head_pack: Callable[..., tuple[Path, Path, Path]], tiny_export: Callable[..., Path]
+               ) -> dict[str, Path]:
+    return {"head": tiny_head_pack("qwen2", kv_cache="static", max_tree_nodes=16)[0],
+            "lookup": tiny_export("qwen2", None, k=4, max_len=64, kv_cache="static", drafter="ngram",
+                                  max_tree_nodes=16)}
+
+
+def _tree_requests(pack: Pack) -> list[tuple[Any, Any]]:
+    """Prompts of several lengths (1 to 13 tokens, and the repeated lines' 30: max_len 64), tree "auto" and fixed node
+    counts below, at and above k_max (4) up to the packs' 16."""
+    rng = np.random.default_rng(5)
+    prompts: list[Any] = [PROMPT, REPEATED, [5], *(rng.integers(0, pack.manifest.vocab_size - 8, n).tolist()
+                                                          for n in (7, 13))]
+    return [(p, tree) for p in prompts for tree in ("auto", 1, 2, 3, 5, 8, 12, 16)]
+
+
+def _device(pack_dir: Path, precapture: bool, slots: int = 1) -> Pack:
+    dev = device_pack(pack_dir, slots=slots, chunked_runs=True, precapture=precapture)
+    return Pack(dev.path, dev.manifest, dev.tokenizer, dev.backend, ngram=NGRAM)
+
+
+class SiblingChain:
+    """Knows the target's greedy continuation `want`: a wrong root child first, then the right tokens as a chain under
+    the second root child (parents -1, -1, 1, 2, ..): greedy accepts every node but the first, so each step's path
+    moves rows and kv_compact.onnx runs, whatever the node count (2 or more; the tiny random target accepts next to
+    none of prompt lookup's drafts, so its own trees seldom compact)."""
+
+    def __init__(self, want: list[int], prompt_length: int, vocab: int) -> None:
+        self.want, self.prompt_length, self.vocab = [*want, *[0] * 17], prompt_length, vocab
+
+    def begin(self, state: DecodeState) -> None: ...
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        done, start = state.length - self.prompt_length, state.length
+        tokens = [(self.want[done] + 1) % self.vocab, *self.want[done : done + k - 1]]
+        state.ids[start : start + k] = tokens
+        return Proposal(state.ids[start : start + k], None, np.array([-1, -1, *range(1, k - 1)][:k], np.int64))
+
+    def commit(self, state: DecodeState) -> None: ...
+
+
+def _sibling_chains(pack: Pack, cpu: Pack, trees: tuple[int, ...]) -> None:
+    """Trees of each node count in `trees` through a sibling (SiblingChain) on `pack`: the target alone's tokens."""
+    want = cpu.generate(PROMPT, 24, k=0).tokens
+    siblings = Pack(pack.path, pack.manifest, pack.tokenizer, pack.backend,
+                    SiblingChain(want, len(pack.encode(PROMPT)), pack.manifest.vocab_size))
+    for tree in trees:
+        got = siblings.generate(PROMPT, 24, tree=tree)
+        assert got.tokens == want and got.stats["accepted"], tree
+
+
+def _caches(pack: Pack) -> list[int]:
+    """Every slot's cached length, the target's and the draft's."""
+    bound = _bindings(pack)  # opens the draft where the pack has one
+    backend: Any = pack.backend
+    engines = [backend.target().engine, *([backend.draft().engine] if "draft" in bound else [])]
+    return [slot.cache.length for engine in engines for slot in engine.slots]
+
+
+@pytest.mark.parametrize("kind", sorted(TREE_PACKS))
+def test_a_tree_pack_runs_no_new_shape_after_load(tree_packs: dict[str, Path], kind: str) -> None:
+    """Greedy trees (the head's or prompt lookup's, tree "auto" and fixed node counts; trees through a sibling, which
+    kv_compact.onnx moves) bind nothing after load and give the target alone's tokens; the same requests on a backend
+    without pre-capture bind tree shapes as they go (tree verifies past k_max, kv_compact.onnx, the head's tree runs),
+    every one of them bound at load here."""
+    drafter, sizes = TREE_PACKS[kind], (2, 3, 5, 8, 12, 16)
+    cpu = specpack.load(tree_packs[kind], threads=1, ngram=NGRAM)
+    dev, lazy = _device(tree_packs[kind], True, slots=2), _device(tree_packs[kind], False)
+    try:
+        assert not any(_caches(dev))  # each slot's caches empty after load, as without pre-capture
+        before = _bindings(dev)
+        assert {t for *_, n, t in before["target"] if n == t + 1} >= set(range(1, 17))  # (slot, greedy, n, T)
+        assert {t for _, t in before["kv_compact"]} == set(range(2, 17))
+        for pack in (dev, lazy):
+            for prompt, tree in _tree_requests(pack):
+                want = cpu.generate(prompt, 24, k=0).tokens
+                assert pack.generate(prompt, 24, drafter=drafter, tree=tree).tokens == want, (prompt, tree)
+            _sibling_chains(pack, cpu, sizes)
+        assert _bindings(dev) == before  # nothing new bound (captured, on a GPU) while tree requests ran
+        used = _bindings(lazy)  # what the requests bound without pre-capture: all of it bound at load
+        assert all(used[label] <= before[label] for label in used)
+        assert any(t > dev.manifest.k_max for *_, t in used["target"])  # trees of more nodes than a chain's drafts
+        assert {t for _, t in used["kv_compact"]} >= set(sizes)
+        if kind == "head":
+            assert any(key[1] == "tree" and key[3] for key in used["draft"])  # the head's expansions (slot, "tree", C, W)
+    finally:
+        cpu.close()
+        dev.close()
+        lazy.close()
+
+
+@pytest.mark.parametrize("precapture", ["none", "chains", "all"])
+def test_without_tree_precapture_a_tree_request_binds_new_shapes(tree_packs: dict[str, Path],
+                                                                monkeypatch: pytest.MonkeyPatch, precapture: str) -> None:
+    """The check above can fail: trees on a backend that pre-captured nothing, or its chains alone, bind shapes as they
+    go (a tree verify past k_max, kv_compact.onnx, the head's tree runs: each one missing without its part)."""
+    if precapture == "chains":
+        monkeypatch.setattr(cuda_precapture, "precapture_tree_target", lambda *args: 0)
+        monkeypatch.setattr(cuda_precapture, "precapture_head_tree", lambda *args: 0)
+    cpu = specpack.load(tree_packs["head"], threads=1)
+    dev = _device(tree_packs["head"], precapture != "none")
+    try:
+        before = _bindings(dev)
+        for tree in (16, "auto"):
+            dev.generate(REPEATED, 24, drafter="head", tree=tree)
+        _sibling_chains(dev, cpu, (8,))
+        new = {label: keys - before[label] for label, keys in _bindings(dev).items()}
+        assert any(new.values()) is (precapture != "all")
+        if precapture == "chains":
+            assert new["kv_compact"] and any(t > dev.manifest.k_max for *_, t in new["target"])
+            assert any(key[1] == "tree" for key in new["draft"])
     finally:
         cpu.close()
         dev.close()

@@ -1,10 +1,10 @@
-"""Every greedy chain shape run at load, so that no CUDA graph is captured in the middle of a request.
+"""Every greedy shape a request can bind, run at load, so that no CUDA graph is captured in the middle of a request.
 
 ONNX Runtime captures a shape's graph on its second run (cuda.py, CAPTURE_RUNS): a shape first seen mid-request costs
 several steps once. Run G measured 48-73 ms steps when adaptive k reached a head catch-up of a row count not seen
 before (bench/README.md, "Run G"): adaptive k at 0.85 of k 2 where a replay of the same acceptance gave 0.96. As vLLM
-captures its batch sizes at start-up, the backend runs each shape a chain step can take CAPTURE_RUNS times at load,
-over a dummy request whose rows it drops afterwards:
+captures its batch sizes at start-up, the backend runs each shape a greedy step can take CAPTURE_RUNS times at load,
+over a dummy request whose rows it drops afterwards. Chains:
 
     target    (n, k): a verify of k drafts over n rows; k = 0: n in 1 .. S and LONG_CHUNK (prefills and their
               chunks), k >= 1: n in k + 1 .. k_max + 1 (the last committed tokens, then k drafts)
@@ -12,18 +12,42 @@ over a dummy request whose rows it drops afterwards:
     head      (C, 0) for C in 1 .. k_max + 1 and LONG_CHUNK (catch-ups), (0, 1) (a drafted row), on both halves of
               its hidden-state ping-pong
 
-S is the engine's short_max: k_max + 1, or a tree pack's T_max + 1. Token trees' own runs (a verify of T nodes, a tree
-head's runs) are not run here (up to 64 shapes per k: they capture on first use, docs/trees.md). Only the
-greedy form captures; sampling runs are never captured. The rows written are garbage and dropped: each slot's cache
-is empty afterwards, as at load.
+S is the engine's short_max: k_max + 1, or a tree pack's T_max + 1. A tree pack (a verify graph of the tree form,
+`--max-tree-nodes T_max`) adds its trees' own runs (docs/trees.md):
+
+    target      (T + 1, T) for T in k_max + 1 .. T_max: a tree verify of T nodes runs over the last committed token and
+                its nodes (the target caches every committed token but the last between steps, runtime/loop.py), keyed
+                as a chain verify of k = T; T <= k_max are chain shapes, above
+    kv_compact  T in 2 .. T_max: kv_compact.onnx binds the verify's path [1, T + 1] (one graph per T, whatever the
+                accepted path's length), and runs only where the path moves rows: never after one node (its path is
+                empty or the identity), nor after a chain. Each run follows a verify of its T nodes (the mask and path
+                it reads), as in a request
+    head        a tree-form head's tree runs (head_tree.py): ("tree", C, 0) for C in 1 .. k_max + 1, the catch-up of a
+                proposal (C = the accepted nodes + 1; a longer one, after a path of more than k_max nodes, a long
+                prompt's first or one after T = 0 steps, runs uncaptured: cuda_head.py), and ("tree", 0, W) for W in
+                1 .. K, an expansion of W nodes at one depth (K: the head's tree width, at most T_max), each after a
+                one-row catch-up (a replay), as at a tree's depth 2
+
+Counted per slot for the GPU's tree packs (bench/gpu_head.py: k_max 8, T_max 16; a head's K 8): the chains' 54 verify
+shapes (108 runs) and the head's 22 (44 runs), 76 shapes, as a chain head pack's 68 plus the prefills of 10 .. 17 rows;
+the trees add 8 verify shapes and 15 kv_compact shapes (60 runs: T in 2 .. 16, a verify and a compaction each, twice;
+the 14 verifies of T <= 8 replay chain shapes) and the head's 17 tree shapes (50 runs, 16 of them one-row catch-ups
+replayed before an expansion): 40 shapes, 110 runs more per slot (a prompt-lookup tree pack, no head: 23 shapes, 60
+runs). Not measured on a GPU: at Run H's rate (8.2 s for the head pack's 68 shapes on one slot, an H100) the trees would
+add about 5 s per slot, an extrapolation.
+Only the greedy form captures; sampling runs are never captured. The rows written are garbage and dropped: each slot's
+caches are empty afterwards, as at load (the features cache of a head pack holds garbage rows, as after any request:
+the verify writes a row's features before the head reads it).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from specpack.runtime.backends.cuda import CAPTURE_RUNS, LONG_CHUNK, DeviceDraft, DeviceTarget
-from specpack.runtime.engine import VerifyRun
+from specpack.runtime.engine import HeadTreeRun, VerifyRun
 from specpack.runtime.state import DecodeState
 from specpack.runtime.stats import DecodeStats
 from specpack.sampling import SamplingParams, Uniforms
@@ -32,11 +56,24 @@ if TYPE_CHECKING:
     from specpack.runtime.backends.cuda_head import DeviceHead
     from specpack.runtime.device_buffers import DeviceStaticKVCache
 
+# a tree verify's accepted nodes that move rows (node 1, the root's second child): keep_rows runs kv_compact.onnx
+_THROUGH_A_SIBLING = np.array([1], np.int64)
+
 
 def target_shapes(k_max: int, short_max: int) -> list[tuple[int, int]]:
     """(n, k) of every chain verify: n rows run, the last k of them drafts."""
     prefills = [(n, 0) for n in sorted({*range(1, short_max + 1), LONG_CHUNK})]
     return prefills + [(n, k) for k in range(1, k_max + 1) for n in range(k + 1, k_max + 2)]
+
+
+def tree_shapes(k_max: int, tree_nodes: int) -> list[tuple[int, int]]:
+    """(n, T) of every tree verify target_shapes lacks: the last committed token and T > k_max nodes."""
+    return [(t + 1, t) for t in range(k_max + 1, tree_nodes + 1)]
+
+
+def compacted_nodes(tree_nodes: int) -> list[int]:
+    """T of every kv_compact.onnx run: after a tree of T >= 2 nodes (one node's path never moves a row)."""
+    return list(range(2, tree_nodes + 1))
 
 
 def catch_up_rows(short_max: int) -> list[int]:
@@ -58,14 +95,16 @@ def _at(cache: DeviceStaticKVCache, length: int) -> None:
         cache.advance(length)
 
 
-def _start(max_len: int) -> int:
-    """The dummy request's cached length before each run: far enough from 0 and from max_len for every shape."""
-    return max(0, min(64, max_len - 2 * LONG_CHUNK))
+def _start(max_len: int, rows: int) -> int:
+    """The dummy request's cached length before each run: far enough from 0 and from max_len for every shape, a chunk
+    of LONG_CHUNK rows or the engine's longest other run, `rows` (a tree pack's T_max + 1 may be the longer)."""
+    return max(0, min(64, max_len - max(2 * LONG_CHUNK, rows + 1)))
 
 
 def precapture_target(target: DeviceTarget, max_len: int, k_max: int) -> int:
-    """Runs every target_shapes shape CAPTURE_RUNS times on every slot; returns the runs."""
-    runs, start = 0, _start(max_len)
+    """Runs every target_shapes shape CAPTURE_RUNS times on every slot, and a tree pack's tree shapes
+    (precapture_tree_target); returns the runs."""
+    runs, start = 0, _start(max_len, target.short_max)
     for i in range(len(target.slots)):
         state = _dummy_state(max_len, k_max, i)
         target.reset(state)
@@ -77,14 +116,40 @@ def precapture_target(target: DeviceTarget, max_len: int, k_max: int) -> int:
                 target.verify(VerifyRun(state, k, None))
                 runs += 1
         cache.rollback(0)
+    if target.tree_nodes:
+        runs += precapture_tree_target(target, max_len, k_max)
+    return runs
+
+
+def precapture_tree_target(target: DeviceTarget, max_len: int, k_max: int) -> int:
+    """Runs every tree_shapes verify and every compacted_nodes kv_compact.onnx shape CAPTURE_RUNS times on every slot,
+    each compaction right after a verify of its T nodes (the mask and path it reads); returns the runs."""
+    runs, start = 0, _start(max_len, target.short_max)
+    nodes = sorted({t for _, t in tree_shapes(k_max, target.tree_nodes)} | set(compacted_nodes(target.tree_nodes)))
+    for i in range(len(target.slots)):
+        state = _dummy_state(max_len, k_max, i)
+        target.reset(state)
+        cache = target.cache(i)
+        state.length = start + 1  # the last committed token is not cached: the verify runs it and the T nodes
+        for t in nodes:
+            parents = np.full(t, -1, np.int64)  # [T] every node a root child: any tree of T nodes binds these shapes
+            for _ in range(CAPTURE_RUNS):
+                _at(cache, start)
+                target.verify_tree(VerifyRun(state, t, None, parents))
+                runs += 1
+                if t >= 2:
+                    cache.keep_rows(state.length, _THROUGH_A_SIBLING)  # kv_compact.onnx over the verify's path
+                    runs += 1
+        cache.rollback(0)
     return runs
 
 
 def precapture_draft(draft: DeviceDraft | DeviceHead, max_len: int, k_max: int) -> int:
-    """Runs every draft (or head) chain shape CAPTURE_RUNS times on every slot; returns the runs."""
+    """Runs every draft (or head) chain shape CAPTURE_RUNS times on every slot, and a tree-form head's tree runs
+    (precapture_head_tree); returns the runs."""
     from specpack.runtime.backends.cuda_head import DeviceHead
 
-    runs, start = 0, _start(max_len)
+    runs, start = 0, _start(max_len, draft.short_max)
     for i in range(len(draft.slots)):
         state = _dummy_state(max_len, k_max, i)
         draft.reset(state)
@@ -108,6 +173,36 @@ def precapture_draft(draft: DeviceDraft | DeviceHead, max_len: int, k_max: int) 
                     runs += 1
         cache.rollback(0)
         _set_half(draft, i, 0)
+    if isinstance(draft, DeviceHead) and draft.tree_width:
+        runs += precapture_head_tree(draft, max_len, k_max)
+    return runs
+
+
+def precapture_head_tree(head: DeviceHead, max_len: int, k_max: int) -> int:
+    """Runs a tree-form head's tree runs CAPTURE_RUNS times on every slot: catch-ups of C <= short_max rows (the
+    captured ones), and expansions of W in 1 .. K own rows, each after a one-row catch-up (a tree's first run: its
+    buffers' run index starts again there); returns the runs."""
+    runs, start = 0, _start(max_len, head.short_max + head.tree_width)
+    for i in range(len(head.slots)):
+        state = _dummy_state(max_len, k_max, i)
+        head.reset(state)
+        cache = head.cache(i)
+        for c in range(1, head.short_max + 1):
+            state.length = start + c + 1  # the catch-up runs rows start .. length - 2 (end <= committed)
+            for _ in range(CAPTURE_RUNS):
+                _at(cache, start)
+                head.tree_step(state, None)
+                runs += 1
+        state.length = start + 2  # a catch-up of one row, then W own rows at depth 2 reading it
+        for w in range(1, head.tree_width + 1):
+            run = HeadTreeRun(tokens=np.zeros(w, np.int64), hidden=np.zeros(w, np.int64), position=start + 1,
+                              committed=start + 1, ancestors=np.zeros((w, 0), np.int64))
+            for _ in range(CAPTURE_RUNS):
+                _at(cache, start)
+                head.tree_step(state, None)
+                head.tree_step(state, run)
+                runs += 2
+        cache.rollback(0)
     return runs
 
 
