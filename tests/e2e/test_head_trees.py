@@ -269,6 +269,34 @@ def test_the_cuda_backends_head_trees(pack: Pack, dev: Pack) -> None:
             assert dev.generate(PROMPT, 24, drafter="head", tree=tree, **params).tokens == want_tokens, (params, tree)  # type: ignore[arg-type]
 
 
+def test_a_long_tree_catch_up_runs_as_captured_chunks(pack: Pack, head_tree_dirs: tuple[Path, Path, Path]) -> None:
+    """The device head's first tree catch-up over a 45-token prompt (> k_max + 1 rows) goes as captured chunks
+    (LONG_CHUNK, then k_max + 1 and the rest), as its chains' do: only captured shapes are bound, the target alone's
+    tokens come out, and the head's cache rows equal those one uncaptured run writes."""
+    from specpack.runtime.backends.cuda import LONG_CHUNK
+    from tests.runtime.test_cuda_backend import device_pack
+
+    prompt = np.random.default_rng(6).integers(0, pack.manifest.vocab_size - 8, 45).tolist()
+    want = pack.generate(prompt, 16, k=0).tokens
+    chunked, one_run = device_pack(head_tree_dirs[0], chunked_runs=True), device_pack(head_tree_dirs[0])
+    try:
+        caches = []
+        for dev in (chunked, one_run):
+            shaped = _with(dev, ShapedHeadDrafter(dev, TreeShape(2, 2)))
+            assert shaped.generate(prompt, 16, tree=4).tokens == want
+            head = dev.backend.draft().engine  # type: ignore[attr-defined]
+            caches.append([buffer.read()[:, :, : len(prompt)] for buffer in head.slots[0].cache._buffers])
+        keys = {key[1:] for key in chunked.backend.draft().engine.slots[0].bindings if key[0] == "tree"}  # type: ignore[attr-defined]
+        assert all(c <= pack.manifest.k_max + 1 or c == LONG_CHUNK for c, _ in keys), keys
+        assert (LONG_CHUNK, 0) in keys
+        for got, whole in zip(*caches, strict=True):  # [1, kvh, 45, D] each: the prompt's rows
+            assert got.any()
+            np.testing.assert_allclose(got, whole, rtol=0, atol=1e-5)
+    finally:
+        chunked.close()
+        one_run.close()
+
+
 class PeekingDrafter(HeadDrafter):
     """A defect: the head's tree, changed by the verify's own uniform of the first node's test (state.uniforms.verify
     [0, 0], drawn before the step): at u >= 1/2 the first root child becomes the target's most likely token, which

@@ -179,29 +179,48 @@ class DeviceHead(SlotSessions[_HeadSlot]):
     def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
         """A token tree's run (engine.TreeDraftEngine): the catch-up (run None) or `run`'s own rows. The inputs are
         built on the host (head_tree_rows.HeadTreeBuffers) and uploaded into fixed buffers, so a greedy run of C <=
-        k_max + 1 catch-up rows is captured once per (C, W) and replayed; the top-K and the rows' outputs are read
-        back (a later run's hidden_in is gathered on the host: docs/heads.md, "What remains")."""
+        k_max + 1 catch-up rows is captured once per (C, W) and replayed; a longer greedy catch-up (a prompt's first,
+        or one after T = 0 steps) goes first as captured chunks, as `step`'s does (its outputs overwritten by the
+        next); the top-K and the rows' outputs are read back (a later run's hidden_in is gathered on the host:
+        docs/heads.md, "What remains")."""
         host, slot = self.tree, self.slots[state.slot]
         tree = slot.tree
         if host is None or tree is None:
             raise tree_refusal("this pack's draft head (exported without --max-tree-nodes)")
         i, cache = state.slot, slot.cache
-        start = cache.length
         index = host.next_run(i, run)
         if run is None:  # the catch-up: rows from target features, no own row
-            c, w = state.length - 1 - start, 0
+            c, w = state.length - 1 - cache.length, 0
+            if self._chunked(slot):
+                while c > self.short_max and c != LONG_CHUNK:
+                    piece = LONG_CHUNK if c > LONG_CHUNK else self.short_max
+                    self._tree_run(state, slot, tree, piece, 0)
+                    c -= piece
         else:
             c, w = 0, len(run.tokens)
-            host.own_inputs(i, run, start)  # fills the host buffers, uploaded whole (the first W rows are bound)
+            host.own_inputs(i, run, cache.length)  # fills the host buffers, uploaded whole (the first W rows are bound)
             self._tree_ids[0, :w] = run.tokens
             tree.ids.write(self._tree_ids)
             tree.hidden_in.write(host.hidden_in[i])
             tree.positions.write(host.positions[i])
             tree.mask.write(host.mask[i])
+        start = cache.length  # the last run's first row
+        self._tree_run(state, slot, tree, c, w)
+        r = self.tree_width + 1
+        host.tokens[i][index, : w + 1] = tree.tokens.read()[0, : w + 1]
+        host.logprobs[i][index, : w + 1] = tree.logprobs.read()[0, : w + 1]
+        host.hidden[i][index * r : index * r + w + 1] = tree.hidden.read()[0, : w + 1]
+        return host.top_rows(i, index, w, start if w else start + c - 1)
+
+    def _tree_run(self, state: DecodeState, slot: _HeadSlot, tree: _TreeSlot, c: int, w: int) -> None:
+        """One tree-form run over the next C catch-up rows and the W own rows already uploaded; the cache advances."""
+        i, cache = state.slot, slot.cache
+        start = cache.length
         kv_inputs = cache.bind_inputs(c + w)  # uploads the mask when the length changed
         ids = self._upload_ids(slot, state.ids[None, start + 1 : start + 1 + c])  # [1, C]
         session = self.session(slot.greedy)  # the request's form (its drawn token is not read)
-        captured = slot.greedy and c <= self.short_max  # every buffer below is fixed: bound once per (C, W), captured
+        # every buffer below is fixed: bound once per (C, W) and captured, a chunk of LONG_CHUNK rows too
+        captured = slot.greedy and (c <= self.short_max or (self._chunked(slot) and c == LONG_CHUNK))
         key = ("tree", c, w)
         binding = slot.bindings.get(key) if captured else None
         if binding is None:
@@ -211,11 +230,6 @@ class DeviceHead(SlotSessions[_HeadSlot]):
                 slot.bindings[key] = binding
         session.run(binding, (i, *key) if captured else None)
         cache.advance(c + w)
-        r = self.tree_width + 1
-        host.tokens[i][index, : w + 1] = tree.tokens.read()[0, : w + 1]
-        host.logprobs[i][index, : w + 1] = tree.logprobs.read()[0, : w + 1]
-        host.hidden[i][index * r : index * r + w + 1] = tree.hidden.read()[0, : w + 1]
-        return host.top_rows(i, index, w, start if w else start + c - 1)
 
     def _tree_views(self, index: int, slot: _HeadSlot, tree: _TreeSlot, ids: DeviceView,
                     kv_inputs: dict[str, DeviceView], c: int, w: int

@@ -22,17 +22,18 @@ S is the engine's short_max: k_max + 1, or a tree pack's T_max + 1. A tree pack 
                 accepted path's length), and runs only where the path moves rows: never after one node (its path is
                 empty or the identity), nor after a chain. Each run follows a verify of its T nodes (the mask and path
                 it reads), as in a request
-    head        a tree-form head's tree runs (head_tree.py): ("tree", C, 0) for C in 1 .. k_max + 1, the catch-up of a
-                proposal (C = the accepted nodes + 1; a longer one, after a path of more than k_max nodes, a long
-                prompt's first or one after T = 0 steps, runs uncaptured: cuda_head.py), and ("tree", 0, W) for W in
+    head        a tree-form head's tree runs (head_tree.py): ("tree", C, 0) for C in 1 .. k_max + 1 and LONG_CHUNK,
+                the catch-up of a proposal (C = the accepted nodes + 1; a longer one, after a path of more than k_max
+                nodes, a prompt's first or one after T = 0 steps, goes as chunks of these: cuda_head.py), and
+                ("tree", 0, W) for W in
                 1 .. K, an expansion of W nodes at one depth (K: the head's tree width, at most T_max), each after a
                 one-row catch-up (a replay), as at a tree's depth 2
 
 Counted per slot for the GPU's tree packs (bench/gpu_head.py: k_max 8, T_max 16; a head's K 8): the chains' 54 verify
 shapes (108 runs) and the head's 22 (44 runs), 76 shapes, as a chain head pack's 68 plus the prefills of 10 .. 17 rows;
 the trees add 8 verify shapes and 15 kv_compact shapes (60 runs: T in 2 .. 16, a verify and a compaction each, twice;
-the 14 verifies of T <= 8 replay chain shapes) and the head's 17 tree shapes (50 runs, 16 of them one-row catch-ups
-replayed before an expansion): 40 shapes, 110 runs more per slot (a prompt-lookup tree pack, no head: 23 shapes, 60
+the 14 verifies of T <= 8 replay chain shapes) and the head's 18 tree shapes (52 runs, 16 of them one-row catch-ups
+replayed before an expansion): 41 shapes, 112 runs more per slot (a prompt-lookup tree pack, no head: 23 shapes, 60
 runs). Not measured on a GPU: at Run H's rate (8.2 s for the head pack's 68 shapes on one slot, an H100) the trees would
 add about 5 s per slot, an extrapolation.
 Only the greedy form captures; sampling runs are never captured. The rows written are garbage and dropped: each slot's
@@ -179,15 +180,15 @@ def precapture_draft(draft: DeviceDraft | DeviceHead, max_len: int, k_max: int) 
 
 
 def precapture_head_tree(head: DeviceHead, max_len: int, k_max: int) -> int:
-    """Runs a tree-form head's tree runs CAPTURE_RUNS times on every slot: catch-ups of C <= short_max rows (the
-    captured ones), and expansions of W in 1 .. K own rows, each after a one-row catch-up (a tree's first run: its
-    buffers' run index starts again there); returns the runs."""
+    """Runs a tree-form head's tree runs CAPTURE_RUNS times on every slot: catch-ups of C <= short_max rows and of a
+    LONG_CHUNK chunk (the captured ones), and expansions of W in 1 .. K own rows, each after a one-row catch-up (a
+    tree's first run: its buffers' run index starts again there); returns the runs."""
     runs, start = 0, _start(max_len, head.short_max + head.tree_width)
     for i in range(len(head.slots)):
         state = _dummy_state(max_len, k_max, i)
         head.reset(state)
         cache = head.cache(i)
-        for c in range(1, head.short_max + 1):
+        for c in catch_up_rows(head.short_max):
             state.length = start + c + 1  # the catch-up runs rows start .. length - 2 (end <= committed)
             for _ in range(CAPTURE_RUNS):
                 _at(cache, start)
