@@ -16,6 +16,8 @@ decode  4 HumanEval + 4 MT-bench prompts, 128 new tokens, greedy: autoregressive
 specbench  the Spec-Bench file's first SPEC_BENCH_PER_CATEGORY prompts of each category (prompts over
         SPEC_BENCH_MAX_PROMPT tokens left out, counted): autoregressive, the head at k 2 and adaptive, prompt lookup k 4,
         on a pack that captured every chain shape at load, after a warm-up on the first decode prompt
+specbench-trees  the same on the head's tree pack (exported unless `headtrees` ran): chains against trees per
+        category, the head's (k 2, adaptive, tree auto, 8 nodes) and prompt lookup's (k 4, tree auto)
 specbench-lazy  the same with shapes captured on first use (Run G's way), into "specbench_lazy": an A/B of
         pre-capture, same session
 headcost  bench/head_step_cost.py: the trained head's step graph in the standard and the gqa form (the pack's since
@@ -188,25 +190,44 @@ def phase_decode(args: argparse.Namespace, result: dict[str, Any]) -> None:
     pack.close()
 
 
-def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_capture: bool = False) -> None:
+SPEC_BENCH_RUNS: list[tuple[str, str, int | None, int | str | None]] = [
+    ("ar", "head", 0, None), ("head-2", "head", 2, None), ("head-auto", "head", None, None), ("ngram-4", "ngram", 4, None)]
+SPEC_BENCH_TREE_RUNS: list[tuple[str, str, int | None, int | str | None]] = [
+    ("ar", "head", 0, "off"), ("head-2", "head", 2, "off"), ("head-auto", "head", None, "off"),
+    ("head-tree-auto", "head", None, "auto"), ("head-tree-8", "head", None, 8), ("ngram-4", "ngram", 4, "off"),
+    ("ngram-tree-auto", "ngram", None, "auto")]
+
+
+def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_capture: bool = False,
+                    trees: bool = False) -> None:
     """Per Spec-Bench category: AR, the head at k 2 and adaptive, prompt lookup k 4 (greedy, 128 tokens), on a pack
     that captured every chain shape at load (backends/cuda_precapture.py), after one warm-up request per
     configuration. lazy_capture (`specbench-lazy`, into result["specbench_lazy"]): the same with shapes captured on
-    first use (Run G's way), for an A/B in one session."""
+    first use (Run G's way), for an A/B in one session. trees (`specbench-trees`, into result["specbench_trees"]): on
+    the head's tree pack (exported as `headtrees` does, unless it ran), chains against trees per category for both
+    drafters (SPEC_BENCH_TREE_RUNS)."""
     import specpack as sp
     from specpack.prompts import read_prompts
     from specpack.runtime.backend import BackendOptions
 
     files = [p for p in args.prompts if "spec_bench" in p]
+    work = Path(args.work)
+    pack_dir = work / ("pack-head-tree" if trees else "pack-head")
+    if trees and not (pack_dir / "manifest.json").is_file():
+        subprocess.run(tree_export_command(args, ["--draft-head", str(work / "head")], pack_dir, args.tree_graphs),
+                       check=True)
     t0 = time.perf_counter()
-    pack = sp.load(Path(args.work) / "pack-head", device=args.device, options=BackendOptions(precapture=not lazy_capture))
+    pack = sp.load(pack_dir, device=args.device, options=BackendOptions(precapture=not lazy_capture))
     load_s = time.perf_counter() - t0
-    runs: list[tuple[str, str, int | None]] = [("ar", "head", 0), ("head-2", "head", 2), ("head-auto", "head", None),
-                                               ("ngram-4", "ngram", 4)]
+    runs = SPEC_BENCH_TREE_RUNS if trees else SPEC_BENCH_RUNS
+
+    def generate(ids: list[int], n: int, drafter: str, k: int | None, tree: int | str | None) -> Any:
+        return pack.generate(ids, n, k=k, drafter=drafter, **({} if tree is None else {"tree": tree}))
+
     rows, skipped = [], 0
     warm = gpu.real_prompts(args)[0]
-    for _, drafter, k in runs:  # Run G's warm-up, in both arms (the pack's pooled acceptance starts alike)
-        pack.generate(pack.encode(warm.text, chat=warm.chat), 32, k=k, drafter=drafter)
+    for _, drafter, k, tree in runs:  # Run G's warm-up, in both arms (the pack's pooled acceptance starts alike)
+        generate(pack.encode(warm.text, chat=warm.chat), 32, drafter, k, tree)
     steps = trace_steps(pack)
     for prompt in read_prompts(files, SPEC_BENCH_PER_CATEGORY):
         ids = pack.encode(prompt.text, chat=prompt.chat)
@@ -214,22 +235,24 @@ def phase_specbench(args: argparse.Namespace, result: dict[str, Any], lazy_captu
             skipped += 1
             continue
         row: dict[str, Any] = {"id": prompt.id, "category": prompt.category, "prompt_tokens": len(ids)}
-        for label, drafter, k in runs:
+        for label, drafter, k, tree in runs:
             steps.clear()
-            out = pack.generate(ids, 128, k=k, drafter=drafter)
+            out = generate(ids, 128, drafter, k, tree)
             row[label] = {"tokens": out.tokens, "stats": dict(out.stats), "steps": list(steps)}
-        row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, _, _ in runs}
+        row["identical"] = {label: row[label]["tokens"] == row["ar"]["tokens"] for label, *_ in runs}
         rows.append(row)
         log(f"{prompt.id} ({prompt.category}): " + ", ".join(
-            f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}" for label, _, _ in runs))
+            f"{label} {row[label]['stats'].get('tokens_per_s', 0):.0f}" for label, *_ in runs))
     categories: dict[str, Any] = {}
     for category in sorted({r["category"] for r in rows}):
         part = [r for r in rows if r["category"] == category]
         ar = _rate(part, "ar")
         categories[category] = {"prompts": len(part), "ar_tokens_per_s": ar, **{
-            label: {"speedup": _rate(part, label) / ar, "identical": sum(r["identical"][label] for r in part)}
-            for label, _, _ in runs[1:]}}
-    result["specbench_lazy" if lazy_capture else "specbench"] = {
+            label: {"speedup": _rate(part, label) / ar, "identical": sum(r["identical"][label] for r in part),
+                    "tau": sum(r[label]["stats"]["new_tokens"] for r in part)
+                    / max(1, sum(r[label]["stats"]["steps"] for r in part))}
+            for label, *_ in runs[1:]}}
+    result["specbench_trees" if trees else "specbench_lazy" if lazy_capture else "specbench"] = {
         "rows": rows, "categories": categories, "skipped_long": skipped, "per_category": SPEC_BENCH_PER_CATEGORY,
         "max_prompt": SPEC_BENCH_MAX_PROMPT, "lazy_capture": lazy_capture, "load_s": load_s,
         "capture": getattr(pack.backend, "capture_report", dict)()}
@@ -593,6 +616,7 @@ def main() -> None:
               "export": lambda: phase_export(args, result), "decode": lambda: phase_decode(args, result),
               "genai": lambda: phase_genai(args, result), "specbench": lambda: phase_specbench(args, result),
               "specbench-lazy": lambda: phase_specbench(args, result, lazy_capture=True),
+              "specbench-trees": lambda: phase_specbench(args, result, trees=True),
               "trees": lambda: phase_trees(args, result), "keep": lambda: phase_keep(args, result),
               "headcost": lambda: phase_headcost(args, result),
               "headtrees": lambda: phase_headtrees(args, result),
