@@ -118,11 +118,12 @@ def tree_packs(tiny_head_pack: Callable[..., tuple[Path, Path, Path]], tiny_expo
 
 
 def _tree_requests(pack: Pack) -> list[tuple[Any, Any]]:
-    """Prompts of several lengths (1 to 13 tokens, and the repeated lines' 30: max_len 64), tree "auto" and fixed node
-    counts below, at and above k_max (4) up to the packs' 16."""
+    """Prompts of several lengths (1 to 13 tokens, and the repeated lines' 30: max_len 64; two of them repeat, so
+    prompt lookup drafts trees), tree "auto" and fixed node counts below, at and above k_max (4) up to the packs'
+    16."""
     rng = np.random.default_rng(5)
-    prompts: list[Any] = [PROMPT, REPEATED, [5], *(rng.integers(0, pack.manifest.vocab_size - 8, n).tolist()
-                                                          for n in (7, 13))]
+    prompts: list[Any] = [PROMPT, REPEATED, [5], [7, 8, 9, 7, 8, 9, 7, 8],  # a short prompt that repeats
+                          *(rng.integers(0, pack.manifest.vocab_size - 8, n).tolist() for n in (7, 13))]
     return [(p, tree) for p in prompts for tree in ("auto", 1, 2, 3, 5, 8, 12, 16)]
 
 
@@ -199,6 +200,26 @@ def test_a_tree_pack_runs_no_new_shape_after_load(tree_packs: dict[str, Path], k
         cpu.close()
         dev.close()
         lazy.close()
+
+
+def test_a_tree_request_over_a_long_prompt_runs_only_captured_shapes(tree_packs: dict[str, Path],
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A greedy tree request over a prompt longer than the engine's short_max (30 tokens, 17): the prompt goes as
+    captured chunks (the loop's first step is a prefill), every tree verify over T + 1 rows (pre-captured), so no
+    target run is uncaptured; the target alone's tokens."""
+    cpu = specpack.load(tree_packs["lookup"], threads=1, ngram=NGRAM)
+    dev = _device(tree_packs["lookup"], True)
+    session = dev.backend.target().engine.session(True)  # type: ignore[attr-defined]
+    keys: list[Any] = []
+    run = session.run
+    monkeypatch.setattr(session, "run", lambda binding, key: (keys.append(key), run(binding, key))[1])
+    try:
+        got = dev.generate(REPEATED, 24, drafter="ngram", tree=8)
+        assert got.tokens == cpu.generate(REPEATED, 24, k=0).tokens and got.stats["proposed"]
+        assert keys and None not in keys, keys  # None: an uncaptured run (on a GPU, ONNX Runtime's plain run)
+    finally:
+        cpu.close()
+        dev.close()
 
 
 @pytest.mark.parametrize("precapture", ["none", "chains", "all"])
