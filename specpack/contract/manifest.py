@@ -293,6 +293,9 @@ class ModelEntry(_Closed):
             for specs, prefix in ((batched.inputs, "past"), (batched.outputs, "present")):
                 if not set(names.kv_names(self.num_layers, prefix)) <= {s.name for s in specs}:
                     raise ValueError(f"the batched graph lacks {prefix} KV tensors of num_layers {self.num_layers}")
+                for spec in specs:  # its caches in the model's dtype and geometry (the runtime allocates them so)
+                    if spec.name.startswith(("past_key_values.", "present.")):
+                        _check_kv_spec(spec, self)
             methods = [q.method if q is not None else "none" for q in (self.quantization, self.batched.quantization)]
             if methods[0] != methods[1]:
                 raise ValueError(f"the batched graph's quantization ({methods[1]}) is not the model's ({methods[0]})")

@@ -23,6 +23,7 @@ __all__ = ["DEFAULT_K", "DEFAULT_KV_CACHE", "DEFAULT_MAX_LEN", "DRAFTERS", "DTYP
            "K_MAX", "K_MIN", "QUANTIZE_CHOICES", "ExportConfig", "default_kv_cache"]
 DEFAULT_KV_CACHE = "concat"  # bench/README.md, "Static KV cache on the CPU": why
 QUANTIZE_CHOICES = modes.ALL  # none, int8, int4 (weight-only), gguf (a GGUF source's own blocks), int8-sq, fp8
+BATCHED_DTYPES = ("fp32", "fp16")  # --max-batch: the graph dtypes the batched form is exported in (fp16: unquantized)
 
 
 @dataclass(frozen=True)
@@ -112,27 +113,32 @@ class ExportConfig:
                                                       "the TensorRT heads are not built yet: docs/trees.md)")
 
     def _check_batch(self) -> None:
-        """--max-batch: a number in range, and a pack the batched graphs are built for (the batched static form of
-        torch's fp32 graphs, unquantized or weight-only quantized as the batch-1 graphs, CPU; docs/batching.md,
-        "What remains")."""
+        """--max-batch: a number in range, and a pack the batched graphs are built for: the batched static form of
+        torch's graphs, fp32 (unquantized or weight-only quantized as the batch-1 graphs; the cpu and cuda backends) or
+        fp16 (unquantized; the cuda backend); docs/batching.md, "What remains"."""
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 0 <= self.max_batch <= 1024:
             raise SpecpackError("invalid --max-batch", expected="an integer in 0..1024 (0: no batched graphs)",
                                 found=repr(self.max_batch))
         if not self.max_batch:
             return
+        quantized = [q for q in (self.quantize_draft, self.quantize_target) if q not in (None, modes.NONE)]
         refused = [(self.graphs != "torch", f"--graphs {self.graphs}", "--graphs torch"),
                    (self.form != "onnxruntime", f"--form {self.form}", "--form onnxruntime"),
-                   (self.dtype != "fp32", f"--dtype {self.dtype}", "--dtype fp32"),
+                   (self.dtype not in BATCHED_DTYPES, f"--dtype {self.dtype}", " or ".join(f"--dtype {d}" for d in
+                                                                                           BATCHED_DTYPES)),
                    (self.max_tree_nodes > 0, "--max-tree-nodes", "chains"),
                    (self.draft_head is not None, "--draft-head", "--drafter model or ngram"),
-                   (any(q in modes.CALIBRATED for q in (self.quantize_draft, self.quantize_target)),
-                    "--quantize-* " + " / ".join(modes.CALIBRATED), "unquantized or weight-only (int4, int8, gguf)")]
+                   (any(q in modes.CALIBRATED for q in quantized),
+                    "--quantize-* " + " / ".join(modes.CALIBRATED), "unquantized or weight-only (int4, int8, gguf)"),
+                   (self.dtype != "fp32" and bool(quantized), f"--dtype {self.dtype} with --quantize-* "
+                    + " / ".join(quantized), f"unquantized weights with --dtype {self.dtype} (quantized: --dtype fp32)")]
         for bad, found, expected in refused:
             if bad:
-                raise SpecpackError(f"--max-batch cannot be exported with {found} yet: the batched graphs are the fp32 "
-                                    "standard-attention static form of torch's graphs (weight-only quantization "
-                                    "allowed)", expected=expected, found=found,
-                                    hint="leave out --max-batch (docs/batching.md, 'What remains')")
+                raise SpecpackError(f"--max-batch cannot be exported with {found} yet: the batched graphs are the "
+                                    "standard-attention static form of torch's graphs, fp32 (weight-only quantization "
+                                    "allowed) or fp16 (unquantized)", expected=expected, found=found,
+                                    hint="leave out --max-batch, or export those graphs (for the cuda backend: --graphs "
+                                         "torch --kv-cache static --dtype fp16; docs/batching.md, 'What remains')")
 
     def _check_graphs(self) -> None:
         """--graphs / --ep, and what the builder cannot do (builder_export.py lists it)."""
@@ -193,6 +199,11 @@ class ExportConfig:
         quantizes its static-form graphs itself (int4 / int8); a .gguf source's blocks it cannot keep."""
         if self.graphs == "builder":
             return check_builder_quantization(role, method)
+        if self.max_batch and self.dtype != "fp32" and method != modes.NONE:  # e.g. a .gguf source's own blocks
+            raise SpecpackError(f"--max-batch cannot be exported with --dtype {self.dtype} and a quantized {role} "
+                                f"({method}) yet: the fp16 batched graphs are unquantized",
+                                expected=f"--quantize-{role} none (or --dequantize), or --dtype fp32",
+                                found=f"--dtype {self.dtype}, {role} {method}", hint="docs/batching.md, 'What remains'")
         if method not in (modes.NONE, *modes.CALIBRATED) and self.kv_cache != "concat":
             raise SpecpackError(f"a quantized {role} ({method}) needs the concat KV cache form",
                                 expected="--kv-cache concat, or unquantized graphs",

@@ -4,7 +4,8 @@
       -> plain graphs (export/, torch, one process each)          work/{draft,target}.onnx
          or onnxruntime-genai's model builder (--graphs builder)  work/{draft,target}-builder/model.onnx
          (which quantizes as it builds: --quantize-* int4 / int8)
-         (--max-batch B: each model's batched static form too)    work/{draft,target}-batched.onnx
+         (--max-batch B: each model's batched static form too,    work/{draft,target}-batched.onnx
+          in --dtype fp32 or fp16)
       -> quantize (quantize/, per model's mode: weight-only,      work/{draft,target}.{int4,int8,gguf}.onnx
          or calibrated Q/DQ from --calib-prompts)                 work/{draft,target}.{int8-sq,fp8}.onnx
          (a batched form: the same quantized weights, its tensors  work/{draft,target}-batched.{mode}.onnx
@@ -165,7 +166,7 @@ def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGra
     for model in sources.models if config.max_batch else ():  # before quantizing: it is quantized with the graph
         path = work / f"{model.role}-batched.onnx"
         with phase(f"exporting the {model.role}'s batched form (--max-batch)", _log):
-            _run_stage(_export_batched_plain, config.isolate, model.model_dir, path)
+            _run_stage(_export_batched_plain, config.isolate, model.model_dir, path, config.dtype)
         batched[model.role] = Graph(path)
     return PlainGraphs(graphs, batched)
 
@@ -293,10 +294,11 @@ def _batched_record(record: Mapping[str, Any], graph_file: str) -> dict[str, Any
             "shared": {**shared, "graph": graph_file, "data_file": f"{graph_file}.data"}, "same_weights": same}
 
 
-def _export_batched_plain(model_dir: Path, plain: Path) -> None:
+def _export_batched_plain(model_dir: Path, plain: Path, dtype: str = "fp32") -> None:
+    """Stage 1 (--max-batch): the batched static form in the pack's dtype (fp32, or fp16: caches in fp16 too)."""
     from specpack.export.batched_export import export_batched_graph
 
-    export_batched_graph(model_dir, plain)
+    export_batched_graph(model_dir, plain, dtype)
 
 
 def _attach_batched(plain: Path, out: Path, role: str, vocab_size: int, in_pack: dict[str, str]) -> None:

@@ -9,6 +9,10 @@
     its mask ones at [0, L_b + S); a row of [lo, hi) that is not in the run is a pad row (its writes land past its
     length, where nothing reads them: the rollback rule). Needs L_b + S <= M for every row of [lo, hi).
 
+Where the caches live is the backend's (runtime/batched_caches.py): host numpy buffers (the cpu backend: the graph's
+path or OrtGraph given here) or device buffers bound by pointer offset (backends/cuda_batched.py: a CacheOpener given
+here); the row layout and the acceptance below are the same for both.
+
 BatchedRuns holds that; its heads: BatchedGreedyTarget (argmax, `best` [B, S], graphs/attach.py's
 build_batched_greedy_graph; the acceptance on the host from those integers, graphs/oracle.py's greedy_verify: greedy rows only,
 the batched greedy draft's engine) and BatchedTarget (runtime/batched_verify.py: the batched verify head,
@@ -28,6 +32,7 @@ import numpy as np
 from specpack import names
 from specpack.errors import SpecpackError
 from specpack.graphs.oracle import greedy_verify
+from specpack.runtime.batched_caches import BatchedCaches, Bound, CacheOpener, HostCaches, KVLayout
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
@@ -39,17 +44,18 @@ class BatchedRuns:
     """The caches and the run of a batched static-form graph, whatever its head (module docstring): `bind` lays out a
     run's rows, the subclass adds its head's inputs and outputs."""
 
-    def __init__(self, graph: Path | OrtGraph, *, num_layers: int, kv_heads: int, head_dim: int, width: int, slots: int,
-                 k_max: int, threads: int | None = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        """graph: the graph's path, or its session opened by a backend; width: M, the cache rows per slot (max_len +
-        k_max + 1: a padded row never runs off the buffer)."""
-        self.graph = graph if isinstance(graph, OrtGraph) else OrtGraph(graph, threads=threads)
-        self._binding = self.graph.new_binding()
+    def __init__(self, graph: Path | OrtGraph | CacheOpener, *, num_layers: int, kv_heads: int, head_dim: int,
+                 width: int, slots: int, k_max: int, threads: int | None = None,
+                 clock: Callable[[], float] = time.perf_counter, dtype: np.dtype | type = np.float32) -> None:
+        """graph: the graph's path or its session opened by a backend (host caches), or a backend's CacheOpener (its
+        own caches, e.g. on a device); width: M, the cache rows per slot (max_len + k_max + 1: a padded row never runs
+        off the buffer); dtype: the caches' (the graph's KV dtype)."""
+        layout = KVLayout(num_layers, kv_heads, head_dim, width, slots, np.dtype(dtype))
+        if isinstance(graph, Path):
+            graph = OrtGraph(graph, threads=threads)
+        self.caches: BatchedCaches = HostCaches(graph, layout) if isinstance(graph, OrtGraph) else graph(layout)
         self.width, self.slots, self.clock = width, slots, clock
         rows = max(k_max + 1, width)  # the longest run: a prompt (or its chunk), or k_max + 1 verify rows
-        self._kv = [np.zeros((slots, kv_heads, width, head_dim), np.float32) for _ in range(2 * num_layers)]
-        self._past = names.kv_names(num_layers, "past")
-        self._present = names.kv_names(num_layers, "present")
         self._mask = np.zeros((slots, width), np.int64)      # [slots, M]
         self._ids = np.zeros(slots * rows, np.int64)         # flat: [B, S] views of its first B*S entries
         self._pos = np.zeros(slots * rows, np.int64)
@@ -79,15 +85,16 @@ class BatchedRuns:
         self.lengths[state.slot] = end
 
     def close(self) -> None:
-        self.graph.close()
+        self.caches.close()
 
     def run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         """One run over `tokens` (slot -> its new tokens) whose head output is dropped (a prefill chunk): the caches."""
         raise NotImplementedError
 
-    def bind(self, tokens: dict[int, np.ndarray]) -> tuple[int, int, dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """A run over the slots [lo, hi) = [min, max] of `tokens` (slot -> its new tokens): (lo, seq, inputs, outputs)
-        of the plain graph (ids, positions, mask, caches); the head's are the caller's. Records the run's rows."""
+    def bind(self, tokens: dict[int, np.ndarray]) -> tuple[int, int, int, dict[str, Bound], dict[str, Bound]]:
+        """A run over the slots [lo, hi) = [min, max] of `tokens` (slot -> its new tokens): (lo, hi, seq, inputs,
+        outputs) of the plain graph (ids, positions, mask, caches); the head's are the caller's. Records the run's
+        rows."""
         lo, hi = min(tokens), max(tokens) + 1
         seq = max(MIN_WIDTH, *(len(t) for t in tokens.values()))
         batch = hi - lo
@@ -107,18 +114,18 @@ class BatchedRuns:
             pos[r] = self._arange[start : start + seq]
             self._mask[slot, : start + seq] = 1
             self._mask[slot, start + seq :] = 0
-        inputs: dict[str, np.ndarray] = {names.INPUT_IDS: ids, names.POSITION_IDS: pos, names.ATTENTION_MASK: self._mask[lo:hi],
-                  **{name: kv[lo:hi] for name, kv in zip(self._past, self._kv, strict=True)}}
-        outputs = {name: kv[lo:hi] for name, kv in zip(self._present, self._kv, strict=True)}
+        past, present = self.caches.rows(lo, hi)                    # [B, H, M, D] each: slots lo .. hi - 1
+        inputs: dict[str, Bound] = {names.INPUT_IDS: ids, names.POSITION_IDS: pos, names.ATTENTION_MASK: self._mask[lo:hi],
+                                    **past}
         self.runs.append(batch)
-        return lo, seq, inputs, outputs
+        return lo, hi, seq, inputs, present
 
 
 class BatchedGreedyTarget(BatchedRuns):
     """The batched graph with the greedy head (`best` [B, S]): the acceptance on the host. The batched greedy draft's
     engine (batched_draft.py); as a target, greedy rows only (BatchedTarget verifies every request)."""
 
-    def __init__(self, graph: Path | OrtGraph, **kwargs: Any) -> None:
+    def __init__(self, graph: Path | OrtGraph | CacheOpener, **kwargs: Any) -> None:
         super().__init__(graph, **kwargs)
         self._best = np.zeros(self.slots * self.rows, np.int64)
 
@@ -145,7 +152,7 @@ class BatchedGreedyTarget(BatchedRuns):
 
     def run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         """One run; slot -> its best [S] (a view)."""
-        lo, seq, inputs, outputs = self.bind(tokens)
-        best = self._best[: len(inputs[names.INPUT_IDS]) * seq].reshape(-1, seq)    # [B, S]
-        self.graph.run(self._binding, inputs, {names.BEST: best, **outputs})
+        lo, hi, seq, inputs, outputs = self.bind(tokens)
+        best = self._best[: (hi - lo) * seq].reshape(-1, seq)    # [B, S]
+        self.caches.run(inputs, {names.BEST: best, **outputs})
         return {slot: best[slot - lo] for slot in tokens}

@@ -11,6 +11,7 @@ request, greedy or sampling, verifies in the step's one run (docs/batching.md).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +19,23 @@ import numpy as np
 
 from specpack import names
 from specpack.errors import SpecpackError
+from specpack.runtime.batched_caches import Bound, CacheOpener
 from specpack.runtime.batched_target import BatchedRuns
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
+QReader = Callable[[DecodeState, Proposal], np.ndarray]  # a proposal's q as host rows [k, V]
+
 
 class BatchedTarget(BatchedRuns):
-    def __init__(self, graph: Path | OrtGraph, *, vocab_size: int, **kwargs: Any) -> None:
+    def __init__(self, graph: Path | OrtGraph | CacheOpener, *, vocab_size: int, read_q: QReader | None = None,
+                 **kwargs: Any) -> None:
+        """read_q: a proposal's q (its drafter's handle) as host rows [k, V]; None: q is a host array already (the
+        cpu backend's drafts; a device backend reads its draft's buffer back: backends/cuda_batched.py)."""
         super().__init__(graph, **kwargs)
         slots, k_max = self.slots, self.k_max
         self.vocab_size = vocab_size
+        self.read_q = read_q
         self._counts = np.zeros(slots, np.int64)                     # [slots] views [lo:hi]
         self._tokens = np.zeros(slots, np.int64)
         self._temperature = np.zeros(slots, np.float32)
@@ -62,8 +70,7 @@ class BatchedTarget(BatchedRuns):
     def _run(self, tokens: dict[int, np.ndarray], verifies: dict[int, tuple[DecodeState, Proposal]]
              ) -> tuple[np.ndarray, np.ndarray]:
         """One run; n_accepted and next_token indexed by slot (rows outside the run: stale)."""
-        lo, seq, inputs, outputs = self.bind(tokens)
-        hi = lo + len(inputs[names.INPUT_IDS])
+        lo, hi, seq, inputs, outputs = self.bind(tokens)
         k = max((proposal.k for _, proposal in verifies.values()), default=0)
         batch, vocab = hi - lo, self.vocab_size
         q = self._q[: batch * k * vocab].reshape(batch, k, vocab)    # [B, K, V]
@@ -83,14 +90,15 @@ class BatchedTarget(BatchedRuns):
             u[r] = 0.0
             u[r, : k_b + 1] = state.uniforms.verify[0, : k_b + 1]
             if proposal.q is not None:
-                q[r, :k_b] = np.asarray(proposal.q).reshape(-1, vocab)[:k_b]
+                given_q = np.asarray(proposal.q) if self.read_q is None else self.read_q(state, proposal)
+                q[r, :k_b] = given_q.reshape(-1, vocab)[:k_b]         # [k_b, V]
             else:                                                    # a deterministic proposal: q one-hot
                 q[r, :k_b] = 0.0
                 q[r, np.arange(k_b), proposal.tokens] = 1.0
-        head: dict[str, np.ndarray] = {
+        head: dict[str, Bound] = {
                 names.DRAFT_COUNTS: self._counts[lo:hi], names.TOKEN_COUNTS: self._tokens[lo:hi], names.DRAFT_PROBS: q,
                 names.UNIFORMS: u, names.TEMPERATURE: self._temperature[lo:hi], names.TOP_K: self._top_k[lo:hi],
                 names.TOP_P: self._top_p[lo:hi]}
-        self.graph.run(self._binding, {**inputs, **head},
-                       {names.N_ACCEPTED: self._n[lo:hi], names.NEXT_TOKEN: self._next[lo:hi], **outputs})
+        self.caches.run({**inputs, **head},
+                        {names.N_ACCEPTED: self._n[lo:hi], names.NEXT_TOKEN: self._next[lo:hi], **outputs})
         return self._n, self._next

@@ -13,7 +13,7 @@ replay needs); device -> host through `OrtValue.numpy()`. Per run the cache uplo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -50,14 +50,22 @@ class DeviceArray:
         return self.value.numpy()
 
 
-def bind(binding: Any, device: str, inputs: dict[str, DeviceView], outputs: dict[str, DeviceView],
-         wanted: set[str] | None = None) -> None:
-    """Bind by pointer; `wanted`: the graph's inputs (others are skipped), None: all."""
+def bind(binding: Any, device: str, inputs: Mapping[str, DeviceView | np.ndarray],
+         outputs: Mapping[str, DeviceView | np.ndarray], wanted: set[str] | None = None) -> None:
+    """Bind by pointer: a DeviceView on `device`, a host array (C-contiguous) on the CPU, which ONNX Runtime copies to
+    and from the device around the run; `wanted`: the graph's inputs (others are skipped), None: all."""
     for name, v in inputs.items():
         if wanted is None or name in wanted:
-            binding.bind_input(name, device, 0, v.dtype.type, v.shape, v.ptr)
+            binding.bind_input(name, *_where(device, v))
     for name, v in outputs.items():
-        binding.bind_output(name, device, 0, v.dtype.type, v.shape, v.ptr)
+        binding.bind_output(name, *_where(device, v))
+
+
+def _where(device: str, v: DeviceView | np.ndarray) -> tuple[str, int, type, tuple[int, ...], int]:
+    """(device, device id, element type, shape, pointer) of a view or a host array."""
+    if isinstance(v, np.ndarray):
+        return "cpu", 0, v.dtype.type, v.shape, v.ctypes.data
+    return device, 0, v.dtype.type, v.shape, v.ptr
 
 
 class DeviceStaticKVCache(StaticLengthCache):

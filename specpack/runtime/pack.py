@@ -361,7 +361,7 @@ class Pack:
         it), with up to `max_waiting` more waiting (past that, submit raises QueueFull). Started once; again: the
         same batcher if the arguments agree. `batched`: a batched target (runtime/batched_verify.py) that verifies
         a step's rows in one run, in place of the backend's per-slot verifies (None: the pack's own, when it was
-        exported with --max-batch and the backend opens them: cpu); `batched_draft`: a
+        exported with --max-batch and the backend opens them: cpu, cuda); `batched_draft`: a
         batched drafter (runtime/batched_draft.py) for the "model" drafter's requests, every row's drafts in one run;
         `batch_policy`: the cap on each row's k (runtime/batch_k.py; None: BatchKCap with `batched`, else NoCap)."""
         from specpack.runtime.pack_batching import start_batching

@@ -98,7 +98,7 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
                    batch_policy: BatchPolicy | None = None) -> Batcher[PackJob]:
     """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier), or over a batched
     target (one run per step: runtime/batched_verify.py) and optionally a batched draft (batched_draft.py), on its
-    own thread. Without `batched`, a pack exported with --max-batch gets its own (the backend's batched_engines: cpu)
+    own thread. Without `batched`, a pack exported with --max-batch gets its own (the backend's batched_engines: cpu, cuda)
     when max_batch > 1. batch_policy: the cap on k (None: BatchKCap with a batched target, else NoCap)."""
     if isinstance(max_batch, int) and max_batch > pack.slots:
         raise SpecpackError("max_batch exceeds the backend's cache slots", expected=f"max_batch <= {pack.slots}",

@@ -14,7 +14,8 @@ from specpack.export.config import ExportConfig
 
 @pytest.mark.parametrize(("options", "found"), [
     ({"graphs": "builder"}, "--graphs builder"),
-    ({"dtype": "fp16"}, "--dtype fp16"),
+    ({"dtype": "bf16"}, "--dtype bf16"),
+    ({"dtype": "fp16", "quantize_target": "int4"}, "--dtype fp16 with --quantize-* int4"),  # fp16: unquantized
     ({"kv_cache": "static", "max_tree_nodes": 8}, "--max-tree-nodes"),
     ({"quantize_target": "fp8"}, "--quantize-* int8-sq / fp8"),  # weight-only modes are exported (int4, int8, gguf)
 ])
@@ -22,6 +23,16 @@ def test_max_batch_refused_for_other_forms(options: dict[str, object], found: st
     with pytest.raises(SpecpackError, match="--max-batch cannot be exported") as err:
         ExportConfig(max_batch=4, **options)  # type: ignore[arg-type]
     assert err.value.found == found and err.value.hint
+
+
+def test_fp16_is_exported_batched_unquantized() -> None:
+    """The GPU's batched pack (the cuda backend opens it: tests/runtime/test_cuda_batched.py); a .gguf source's own
+    blocks are a quantized fp16 batched graph, refused when its mode is resolved."""
+    config = ExportConfig(max_batch=4, dtype="fp16", kv_cache="static")
+    assert (config.max_batch, config.dtype) == (4, "fp16")
+    with pytest.raises(SpecpackError, match="the fp16 batched graphs are unquantized") as err:
+        config.quantization("target", "model.gguf")
+    assert err.value.found == "--dtype fp16, target gguf" and err.value.hint
 
 
 @pytest.mark.parametrize("batch", [-1, 1025, True])

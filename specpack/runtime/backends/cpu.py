@@ -322,7 +322,7 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
         and, with a draft model, the batched greedy drafter (cpu_batched.py); None for a pack without them."""
         from specpack.runtime.backends.cpu_batched import open_batched
 
-        return open_batched(self.manifest, max_batch, self._graph)
+        return open_batched(self.manifest, max_batch, lambda _, form: self._graph(form))  # host caches
 
     def _graph(self, entry: ModelEntry | HeadEntry | BatchedForm) -> OrtGraph:
         source: Path | GraphBytes = self.path / entry.graph.path

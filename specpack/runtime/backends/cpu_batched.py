@@ -1,5 +1,6 @@
-"""The cpu backend's batched engines (docs/batching.md): a pack exported with --max-batch holds each model's batched
-graph (the manifest's `batched`); `open_batched` opens them for the scheduler, sized for max_batch rows.
+"""The batched engines of a pack (docs/batching.md): a pack exported with --max-batch holds each model's batched graph
+(the manifest's `batched`); `open_batched` opens them for the scheduler, sized for max_batch rows, over the caches of
+the backend that asks (the cpu backend's host buffers; the cuda backend's device buffers: cuda_batched.py).
 
     target  verify_batched.onnx (head "verify")  -> BatchedTarget: every request's verify in the step's one run
     draft   draft_batched.onnx  (head "greedy")  -> BatchedGreedyDrafter: the greedy rows' j-th drafts in one run (a
@@ -12,12 +13,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple
 
-from specpack.contract.manifest import BatchedForm, Manifest
+from specpack.contract.manifest import BatchedForm, Manifest, ModelEntry
 from specpack.errors import SpecpackError
+from specpack.limits import numpy_dtype
+from specpack.runtime.batched_caches import CacheOpener
 from specpack.runtime.batched_draft import BatchedGreedyDrafter
 from specpack.runtime.batched_target import BatchedGreedyTarget
-from specpack.runtime.batched_verify import BatchedTarget
+from specpack.runtime.batched_verify import BatchedTarget, QReader
 from specpack.runtime.ort_session import OrtGraph
+
+# how a backend opens a model's batched graph: a session over host caches (OrtGraph), or its own caches (CacheOpener)
+GraphOpener = Callable[[ModelEntry, BatchedForm], "OrtGraph | CacheOpener"]
 
 
 class BatchedEngines(NamedTuple):
@@ -25,8 +31,10 @@ class BatchedEngines(NamedTuple):
     drafter: BatchedGreedyDrafter | None
 
 
-def open_batched(m: Manifest, max_batch: int, open_graph: Callable[[BatchedForm], OrtGraph]) -> BatchedEngines | None:
-    """None when the pack has no batched target graph; refused past the batch it was exported for."""
+def open_batched(m: Manifest, max_batch: int, open_graph: GraphOpener, read_q: QReader | None = None
+                 ) -> BatchedEngines | None:
+    """None when the pack has no batched target graph; refused past the batch it was exported for. read_q: how the
+    batched verify reads a sampling row's q (BatchedTarget; None: a host array)."""
     form = m.target.batched
     if form is None:
         return None
@@ -36,12 +44,14 @@ def open_batched(m: Manifest, max_batch: int, open_graph: Callable[[BatchedForm]
                             hint="re-export with spec-export --max-batch N, or batch fewer requests")
     width = m.max_len + m.k_max + 1  # a padded row never runs off its buffer
     t = m.target
-    target = BatchedTarget(open_graph(form), vocab_size=m.vocab_size, num_layers=t.num_layers, kv_heads=t.kv_heads,
-                           head_dim=t.head_dim, width=width, slots=max_batch, k_max=m.k_max)
+    target = BatchedTarget(open_graph(t, form), vocab_size=m.vocab_size, read_q=read_q, num_layers=t.num_layers,
+                           kv_heads=t.kv_heads, head_dim=t.head_dim, width=width, slots=max_batch, k_max=m.k_max,
+                           dtype=numpy_dtype(t.dtype))
     drafter = None
     draft = m.draft_model
     if draft is not None and draft.batched is not None:
-        engine = BatchedGreedyTarget(open_graph(draft.batched), num_layers=draft.num_layers, kv_heads=draft.kv_heads,
-                                     head_dim=draft.head_dim, width=width, slots=max_batch, k_max=m.k_max)
+        engine = BatchedGreedyTarget(open_graph(draft, draft.batched), num_layers=draft.num_layers,
+                                     kv_heads=draft.kv_heads, head_dim=draft.head_dim, width=width, slots=max_batch,
+                                     k_max=m.k_max, dtype=numpy_dtype(draft.dtype))
         drafter = BatchedGreedyDrafter(engine)
     return BatchedEngines(target, drafter)

@@ -54,6 +54,7 @@ from specpack.runtime.state import DecodeState, VerifyResult
 from specpack.runtime.target import EngineBackend, refuse_cpu_only
 
 if TYPE_CHECKING:
+    from specpack.runtime.backends.cpu_batched import BatchedEngines
     from specpack.runtime.backends.cuda_head import DeviceHead
 
 PROVIDER = "CUDAExecutionProvider"
@@ -317,6 +318,14 @@ class DeviceDraft(_DeviceModel):
     def q(self, state: DecodeState, k: int) -> DeviceView:
         return self._q[state.slot].view((1, k, self.vocab))  # [1, k, V] on the device
 
+    def host_q(self, slot: int, q: DeviceView, k: int) -> np.ndarray:
+        """`q` (what `q` gave for this slot) read back: [k, V] fp32 on the host (the batched verify's draft_probs)."""
+        buffer = self._q[slot]
+        if q.ptr != buffer.ptr:
+            raise RuntimeError(f"slot {slot}: a q view that is not this slot's buffer (the batched verify reads q "
+                               "of the slot's own drafts only)")
+        return buffer.read()[0, :k]  # [k, V]
+
 
 class DeviceTarget(_DeviceModel):
     """verify.onnx: committed tokens not yet cached + k drafts in; n accepted and the next token read back.
@@ -509,6 +518,13 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         capture = greedy and self.cuda_graphs if capture is None else capture
         return DeviceSession(model, graph_path.parent, entry, self.device, capture, self.options.threads, external,
                              self._warmups)
+
+    def batched_engines(self, max_batch: int) -> BatchedEngines | None:
+        """The pack's batched graphs (spec-export --max-batch) for up to max_batch rows, their caches on this device
+        (cuda_batched.py; never captured); None for a pack without them. What pack_batching.start_batching picks up."""
+        from specpack.runtime.backends.cuda_batched import open_device_batched
+
+        return open_device_batched(self, max_batch)
 
     def capture_report(self) -> dict[str, Any]:
         """Whether each opened greedy session captures CUDA graphs, how many, and why not."""

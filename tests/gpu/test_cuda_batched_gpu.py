@@ -1,0 +1,51 @@
+"""The cuda backend's batched engines on a GPU (ONNX Runtime's CUDA EP; backends/cuda_batched.py). Marked `gpu`: skipped
+where the CUDA execution provider is missing; run on the test GPU.
+
+    greedy   a tiny fp16 pack exported with --max-batch 4 (static cache, standard attention: the batched form's
+             attention, so the lone run and the batched one compute the same ops): four greedy requests (k 0, 2, 4,
+             auto) through the scheduler over the batched graphs, caches on the device, each the tokens it gets alone
+             through the pack's batch-1 graphs on the same GPU (captured CUDA graphs), most verify steps one run of
+             all four rows. A mismatch prints each request's first differing position: fp16 kernels of another shape
+             may round a near-tie apart (docs/batching.md, "What remains").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import specpack
+from specpack.runtime.backend import BackendOptions
+from specpack.runtime.batch_k import NoCap
+from specpack.runtime.batched_verify import BatchedTarget
+from specpack.runtime.request import GenerateRequest
+
+ort = pytest.importorskip("onnxruntime")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif("CUDAExecutionProvider" not in ort.get_available_providers(),
+                                                  reason="needs ONNX Runtime's CUDA execution provider and a GPU")]
+
+SLOTS = 4
+
+
+def test_fp16_batched_greedy_requests_get_their_lone_tokens_on_the_gpu(tiny_export) -> None:  # type: ignore[no-untyped-def]
+    from specpack.runtime.backends.cuda_batched import DeviceCaches
+
+    pack_dir = tiny_export("qwen2", "noisy", k=4, dtype="fp16", kv_cache="static", attention="standard",
+                           max_batch=SLOTS)
+    with specpack.load(pack_dir, device="cuda") as alone:
+        vocab = alone.manifest.vocab_size
+        rng = np.random.default_rng(7)
+        requests = [GenerateRequest.of(rng.integers(0, vocab - 8, 6 + 4 * i).tolist(), 32, k=k)
+                    for i, k in enumerate((0, 2, 4, None))]
+        lone = [alone.generate_request(r).tokens for r in requests]
+    with specpack.load(pack_dir, device="cuda", options=BackendOptions(slots=SLOTS)) as pack:
+        batcher = pack.start_batching(batch_policy=NoCap())
+        target = batcher.scheduler.verifier
+        assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
+        tokens = [h.result(timeout=300).tokens for h in [pack.submit(r) for r in requests]]
+    first_difference = [next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+                        for got, want in zip(tokens, lone, strict=True)]
+    print(f"batched fp16 on {ort.get_device()}: verify runs {len(target.runs)}, rows per run {sorted(set(target.runs))}, "
+          f"first difference per request {first_difference}")
+    assert tokens == lone, first_difference
+    assert target.runs.count(SLOTS) > len(target.runs) // 3

@@ -1,0 +1,182 @@
+"""The cuda backend's batched engines on the CPU EP (device="cpu"; backends/cuda_batched.py): the pack's batched graphs
+with their caches in device buffers [slots, H, M, D], a run over slots [lo, hi) bound by pointer offset, under the
+scheduler (Pack.start_batching picks them up through CudaBackend.batched_engines, as the cpu backend's).
+
+- Six requests on four rows (seeded sampling at four settings, two greedy; model and n-gram drafters; k 0 to 4): the
+  same tokens as the cpu backend's batched engines (HostCaches, the same graphs) and as each request alone on the
+  pack's per-slot graphs, with most verify steps one run over all four rows, greedy rows drafting together.
+- The binding: a range of slots is the buffer at lo * stride, shaped [hi - lo, ...].
+- (slow) spec-export --dtype fp16 --max-batch 4: recorded with fp16 caches; on the CPU EP four greedy requests decoded
+  together through its batched graphs give the tokens each gets alone through its batch-1 graphs.
+
+The pack of the first: test_element_scatter's static standard-attention pack of the pair, with the batched graphs of
+the same pair (tiny_batched_plain, as test_batched_sampling uses) attached into a copy and recorded in its manifest, as
+spec-export --max-batch writes them (no export here: about 2 s of attaching). The CUDA run itself:
+tests/gpu/test_cuda_batched_gpu.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from specpack import names
+from specpack.contract.manifest import Manifest
+from specpack.errors import SpecpackError
+from specpack.export.graph_form import GraphForm
+from specpack.export.writer import graph_entry
+from specpack.graphs.attach import build_batched_greedy_graph, build_batched_verify_graph
+from specpack.hashing import sha256_file
+from specpack.runtime.backend import BackendOptions
+from specpack.runtime.backends.cpu import OrtBackend
+from specpack.runtime.backends.cuda import CudaBackend
+from specpack.runtime.backends.cuda_batched import DeviceCaches
+from specpack.runtime.batch_k import NoCap
+from specpack.runtime.batched_caches import KVLayout
+from specpack.runtime.batched_verify import BatchedTarget
+from specpack.runtime.pack import Pack
+from specpack.runtime.request import GenerateRequest
+from specpack.runtime.tokenizer import PackTokenizer
+
+FAMILY, DRAFT, SLOTS = "qwen2", "noisy", 4
+
+
+def attach_batched(pack: Path, plain: dict[str, Path], max_batch: int) -> Manifest:
+    """The batched graphs (plain: role -> its batched plain graph) attached into `pack`; its manifest with them (their
+    `batched` records and files, validated as spec-export's)."""
+    data = Manifest.read(pack).model_dump(mode="json", by_alias=True)
+    work = pack.parent / "work"
+    for role, head, build in (("target", "verify", build_batched_verify_graph),
+                              ("draft", "greedy", build_batched_greedy_graph)):
+        (work / role).mkdir(parents=True)
+        for path in plain[role].parent.iterdir():  # attach moves the weights: a copy
+            if path.name.startswith(plain[role].name):
+                shutil.copy(path, work / role / path.name)
+        graph_file = names.BATCHED_FILES[role]
+        build(work / role / plain[role].name, pack / graph_file, data["vocab_size"])
+        graph = graph_entry(pack, graph_file, GraphForm("static", "standard", "onnxruntime"))
+        data[role]["batched"] = {"max_batch": max_batch, "head": head, "graph": graph.model_dump(mode="json"),
+                                 "inputs": [names.DRAFT_COUNTS, names.TOKEN_COUNTS] if head == "verify" else []}
+        data["files"] += [{"path": f, "sha256": sha256_file(pack / f), "size": (pack / f).stat().st_size}
+                          for f in (graph.path, *graph.data_files)]
+    shutil.rmtree(work)
+    return Manifest.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def batched_pack(tiny_pack, tiny_batched_plain, tmp_path_factory: pytest.TempPathFactory  # type: ignore[no-untyped-def]
+                 ) -> tuple[Path, Manifest]:
+    source = tiny_pack(FAMILY, DRAFT, kv_cache="static", attention="standard", k=4)[0]  # test_element_scatter's
+    pack = tmp_path_factory.mktemp("cuda-batched") / "pack"
+    shutil.copytree(source, pack)
+    plain = {"target": tiny_batched_plain(FAMILY), "draft": tiny_batched_plain(FAMILY, DRAFT, "draft")}
+    return pack, attach_batched(pack, plain, SLOTS)
+
+
+def open_pack(pack: Path, m: Manifest, backend: Callable[..., object], slots: int = SLOTS, **kw: object) -> Pack:
+    b = backend(pack, m, BackendOptions(slots=slots, threads=1), **kw)
+    return Pack(pack, m, PackTokenizer.load(pack / "tokenizer"), b, slots=slots)  # type: ignore[arg-type]
+
+
+def requests(vocab: int) -> list[GenerateRequest]:
+    rng = np.random.default_rng(11)
+    prompts = [rng.integers(0, vocab - 8, 8 + 3 * i).tolist() for i in range(6)]
+    kinds: list[dict[str, object]] = [
+        {"k": 2, "temperature": 1.0, "seed": 1}, {"k": 4, "temperature": 0.7, "top_k": 20, "seed": 2},
+        {"k": 3}, {"k": 3, "drafter": "ngram", "temperature": 1.2, "top_p": 0.9, "seed": 3},
+        {"k": 0, "temperature": 1.0, "seed": 4}, {"k": 2}]  # the greedy ones draft through the batched greedy draft
+    return [GenerateRequest.of(p, 16, **kind) for p, kind in zip(prompts, kinds, strict=True)]  # type: ignore[arg-type]
+
+
+def batched_tokens(pack: Pack, reqs: list[GenerateRequest]) -> tuple[list[list[int]], BatchedTarget]:
+    batcher = pack.start_batching(batch_policy=NoCap())
+    target = batcher.scheduler.verifier
+    assert isinstance(target, BatchedTarget) and batcher.scheduler.row_drafter is not None
+    tokens = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in reqs]]
+    return tokens, target
+
+
+def test_device_batched_engines_give_the_cpu_engines_tokens(batched_pack: tuple[Path, Manifest]) -> None:
+    pack_dir, m = batched_pack
+    reqs = requests(m.vocab_size)
+    alone = open_pack(pack_dir, m, OrtBackend, slots=1)
+    lone = [alone.generate_request(r).tokens for r in reqs]
+    with open_pack(pack_dir, m, OrtBackend) as host:
+        on_host, _ = batched_tokens(host, reqs)
+    with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False) as device:
+        on_device, target = batched_tokens(device, reqs)
+        assert isinstance(target.caches, DeviceCaches)
+        draft = device._batcher.scheduler.row_drafter  # type: ignore[union-attr]
+        assert isinstance(draft.engine.caches, DeviceCaches)  # type: ignore[union-attr]
+        drafted_together = max(draft.engine.runs)  # type: ignore[union-attr]
+    assert on_device == on_host
+    assert on_device == lone
+    assert drafted_together >= 2  # greedy rows' drafts in one run
+    assert target.runs.count(SLOTS) > len(target.runs) // 3  # the rows verified together
+
+
+def test_a_range_of_slots_is_bound_at_its_offset() -> None:
+    layout = KVLayout(num_layers=1, kv_heads=2, head_dim=3, width=5, slots=4, dtype=np.dtype(np.float16))
+
+    session = SimpleNamespace(session=SimpleNamespace(io_binding=lambda: None), input_names=set())  # a DeviceSession's
+    caches = DeviceCaches(session, layout, "cpu")  # type: ignore[arg-type]
+    past, present = caches.rows(1, 3)
+    base = caches._buffers[0].ptr
+    for views in (past, present):
+        view = views[names.kv_names(1, "past" if views is past else "present")[0]]
+        assert view.shape == (2, 2, 5, 3) and view.ptr == base + 1 * 2 * 5 * 3 * 2  # type: ignore[union-attr]
+
+
+def test_max_batch_past_the_export_is_refused(batched_pack: tuple[Path, Manifest]) -> None:
+    pack_dir, m = batched_pack
+    backend = CudaBackend(pack_dir, m, BackendOptions(slots=SLOTS + 1, threads=1), device="cpu", precapture=False)
+    with pytest.raises(SpecpackError, match="exported for"):
+        backend.batched_engines(SLOTS + 1)
+
+
+# ------------------------------------------------------------------------------------- fp16 (spec-export, slow)
+
+
+@pytest.fixture(scope="module")
+def fp16_pack(tiny_export) -> Path:  # type: ignore[no-untyped-def]
+    """spec-export --dtype fp16 --kv-cache static --attention standard --max-batch 4 (the GPU's batched pack)."""
+    return tiny_export(FAMILY, DRAFT, k=4, dtype="fp16", kv_cache="static", attention="standard", max_batch=SLOTS)
+
+
+@pytest.mark.slow  # a pack export with --max-batch (~40 s on 2 cores)
+def test_an_fp16_batched_export_greedy_equals_its_batch1_graphs(fp16_pack: Path) -> None:
+    """The fp16 batched graphs are recorded (caches in fp16), and on the CPU EP (ONNX Runtime casts fp16 MatMuls
+    around fp32 ones there) four greedy requests decoded together through them (the cuda backend's batched engines)
+    give the tokens each gives alone through the fp16 batch-1 graphs."""
+    m = Manifest.read(fp16_pack)
+    for entry in (m.target, m.draft):
+        assert entry.dtype == "fp16" and entry.batched is not None and entry.batched.max_batch == SLOTS
+        caches = [s for s in [*entry.batched.graph.inputs, *entry.batched.graph.outputs]
+                  if s.name.startswith(("past_key_values.", "present."))]
+        assert len(caches) == 4 * entry.num_layers and {s.dtype for s in caches} == {"float16"}
+    rng = np.random.default_rng(7)
+    reqs = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 6 + 4 * i).tolist(), 20, k=k)
+            for i, k in enumerate((0, 2, 4, None))]
+    alone = open_pack(fp16_pack, m, CudaBackend, slots=1, device="cpu", precapture=False)
+    lone = [alone.generate_request(r).tokens for r in reqs]
+    with open_pack(fp16_pack, m, CudaBackend, device="cpu", precapture=False) as device:
+        tokens, target = batched_tokens(device, reqs)
+    assert tokens == lone
+    assert target.runs.count(SLOTS) > len(target.runs) // 3
+
+
+def test_the_manifest_checks_the_batched_caches_dtype(batched_pack: tuple[Path, Manifest]) -> None:
+    """A batched graph's past / present are the model's dtype (the runtime allocates its caches so)."""
+    from pydantic import ValidationError
+
+    data = batched_pack[1].model_dump(mode="json", by_alias=True)
+    for spec in data["target"]["batched"]["graph"]["inputs"]:
+        if spec["name"].startswith("past_key_values."):
+            spec["dtype"] = "float16"
+    with pytest.raises(ValidationError, match="while dtype fp32 needs float32"):
+        Manifest.model_validate(data)
