@@ -74,10 +74,14 @@ class HeadDrafter(ModelDrafter):
     of its own; its first step of each proposal catches up on the rows the target has computed since the last one.
     Its cache keeps only rows computed from target features (EAGLE's rule): after the verify the drafted rows go.
     Where a tree policy sets the step's shape (state.tree; a tree pack's head), it drafts EAGLE-2's dynamic tree
-    (head_tree.py) instead of a chain: deterministic candidates (q None)."""
+    (head_tree.py) instead of a chain: deterministic candidates (q None). A greedy request's tree of width 1 within
+    the chain's range (k <= chain_max) is the chain of the head's argmaxes, drafted as a chain: the same tokens, without
+    the tree runs' top-K read back and host-side tree building (docs/trees.md, "Tree drafters")."""
 
-    def __init__(self, model: Callable[[], DraftModel]) -> None:
+    def __init__(self, model: Callable[[], DraftModel], chain_max: int = 0) -> None:
+        """chain_max: the most drafts a chain proposal holds (the pack's k_max: the head's q rows)."""
         super().__init__(model)
+        self.chain_max = chain_max
         self._featured: dict[int, int] = {}  # slot -> rows from target features before the drafted ones
 
     def begin(self, state: DecodeState) -> None:
@@ -86,7 +90,7 @@ class HeadDrafter(ModelDrafter):
     def propose(self, state: DecodeState, k: int) -> Proposal:
         self._featured[state.slot] = state.length - 1  # rows t < length - 1 have target features
         shape = state.tree
-        if shape is None:
+        if shape is None or (shape.width == 1 and k <= self.chain_max and state.params.greedy):
             return super().propose(state, k)
         # a tree policy's step: EAGLE-2's dynamic tree of k nodes at most, in the policy's shape (head_tree.py)
         model, ids, start = cast(TreeDraftModel, self.model()), state.ids, state.length  # the backend's Draft

@@ -123,7 +123,7 @@ class Pack:
         if manifest.drafter == "model":
             self.drafters["model"] = ModelDrafter(backend.draft)
         if manifest.drafter == "head":
-            self.drafters["head"] = HeadDrafter(backend.draft)
+            self.drafters["head"] = HeadDrafter(backend.draft, chain_max=manifest.k_max)
         self.default_drafter: str = manifest.drafter
         if drafter is not None:
             self.drafters[self.default_drafter] = drafter

@@ -210,6 +210,37 @@ def test_greedy_tree_auto_n_and_off_equal_the_target_alone(pack: Pack) -> None:
     assert pack.generate(PROMPT, 32, drafter="head", k=3).tokens == want  # a fixed k: trees of k nodes
 
 
+class WidthOneHeadDrafter(HeadDrafter):
+    """The pack's head asked for trees of width 1 every step (a chain's shape), counting the proposals it drafted as
+    trees (parents set)."""
+
+    def __init__(self, pack: Pack, chain_max: int) -> None:
+        super().__init__(pack.backend.draft, chain_max=chain_max)
+        self.trees = self.steps = 0
+
+    def propose(self, state: DecodeState, k: int) -> Proposal:
+        state.tree = TreeShape(1, k)
+        proposal = super().propose(state, k)
+        self.trees += proposal.parents is not None
+        self.steps += 1
+        return proposal
+
+
+def test_a_greedy_width_one_tree_is_drafted_as_a_chain(pack: Pack) -> None:
+    """A greedy request's tree of width 1 within the chain's range goes the chain's way (no tree runs), the target
+    alone's tokens; past the chain's range, without a chain range, or sampling, it stays a tree."""
+    k_max = pack.manifest.k_max
+    want = pack.generate(PROMPT, 24, k=0).tokens
+    for nodes, chain_max, chains in ((k_max, k_max, True), (k_max + 2, k_max, False), (k_max, 0, False)):
+        drafter = WidthOneHeadDrafter(pack, chain_max)
+        got = _with(pack, drafter).generate(PROMPT, 24, tree=nodes)
+        assert got.tokens == want, (nodes, chain_max)
+        assert drafter.steps > 0 and (drafter.trees == 0) == chains, (nodes, chain_max, drafter.trees, drafter.steps)
+    drafter = WidthOneHeadDrafter(pack, k_max)
+    _with(pack, drafter).generate(PROMPT, 24, tree=k_max, temperature=0.8, seed=3)
+    assert drafter.trees == drafter.steps > 0  # sampling: the tree's deterministic candidates, as before
+
+
 def _features_after(pack: Pack, drafter: HeadDrafter | None, prompt: str, tokens: int) -> tuple[np.ndarray, int]:
     """The features cache rows [0, length - 1) after a greedy generation (head trees, or the target alone)."""
     run = pack if drafter is None else _with(pack, drafter)
