@@ -174,10 +174,10 @@ def client_loop(base_url: str, model: str, work: queue.Queue[Planned], run: Run,
 
 
 def start_server(pack: Path, port: int, log: Path, max_queue: int, max_batch: int = 1,
-                 k: str = "auto") -> subprocess.Popen[bytes]:
+                 k: str = "auto", device: str = "cpu") -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-c", "from specpack.cli.main import cli; cli()", "serve", str(pack), "--host", "127.0.0.1",
            "--port", str(port), "--max-queue", str(max_queue), "--max-batch", str(max_batch), "--timeout", "1200",
-           "--model-name", "pair", "--k", k]
+           "--model-name", "pair", "--k", k, "--device", device]
     with log.open("wb") as f:
         return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
 
@@ -270,6 +270,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=24)
     parser.add_argument("--max-batch", type=int, default=1, help="the server's --max-batch (docs/batching.md)")
     parser.add_argument("--k", default="auto", help="the server's --k (0: the target alone, speculation off)")
+    parser.add_argument("--device", default="cpu", help="the server's --device (cuda: bench/device/serve_load_gpu.sh)")
     parser.add_argument("--cancel-max-tokens", type=int, default=64, help="max_tokens of the cancelled streams")
     parser.add_argument("--cancel-after", type=int, default=2, help="text chunks a cancelled stream reads first")
     parser.add_argument("--max-prompt-chars", type=int, default=None, help="cut each prompt to this many characters")
@@ -289,7 +290,8 @@ def main() -> None:
     root_url = f"http://127.0.0.1:{port}"
     base_url = f"{root_url}/v1"
     log = Path(tempfile.gettempdir()) / "specpack-serve-load.log"
-    proc = start_server(args.pack, port, log, max_queue=args.clients * 2, max_batch=args.max_batch, k=args.k)
+    proc = start_server(args.pack, port, log, max_queue=args.clients * 2, max_batch=args.max_batch, k=args.k,
+                        device=args.device)
     try:
         with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=10) as probe:
             wait_ready(probe, proc, timeout=600)
@@ -325,7 +327,7 @@ def main() -> None:
         "pack": str(args.pack), "prompts": {Path(path).name: int(limit) for path, limit in args.prompts}, "settings": {
             "requests": args.requests, "clients": args.clients, "cancel": args.cancel, **asdict(budget),
             "max_prompt_chars": args.max_prompt_chars, "sampled_every": args.sampled_every,
-            "time_limit_s": args.time_limit, "max_batch": args.max_batch, "k": args.k},
+            "time_limit_s": args.time_limit, "max_batch": args.max_batch, "k": args.k, "device": args.device},
         "summary": summary, "rss_idle_bytes": rss_idle, "server_log": str(log), "server_metrics": metrics,
         "server_exit_code": exit_code,
         "requests": [{k: v for k, v in asdict(o).items() if k != "text"} for o in

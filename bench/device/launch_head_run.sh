@@ -5,6 +5,12 @@
 # tests' runs would spoil (bench/README.md, "Run E"). Environment: PHASES, TRAIN_MINUTES, DATA, GRAPHS, TREE_GRAPHS
 # (gpu_head.py's options). The head staged by stage_head_run.sh's HEAD_DIR becomes WORK/head: the phases before a
 # `train` run on it (train moves it to WORK/head-staged).
+# GPU_BATCHED=1: after gpu_head.py (never beside it), bench/gpu_batched.py (the batched load benchmark in process: its
+# fp16 --max-batch 64 pack of the 1.5B target and the 0.5B draft, staged with STAGE_DRAFT=1, exported under
+# /tmp/gw/batched; log /tmp/gw/batched.log, JSON /tmp/gw/batched.json; BATCHED_ARGS: more of its options);
+# GPU_SERVE_LOAD=1: then bench/device/serve_load_gpu.sh (serve_load.py over HTTP on that pack; wheels staged with
+# STAGE_SERVE=1; log /tmp/gw/serve_load.log, JSON /tmp/gw/serve_load.json); GPU_HEAD=0: no gpu_head.py (the batched
+# steps alone). Order: gpu_head.py, gpu_batched.py, serve_load_gpu.sh, the GPU tests: one at a time.
 # Then poll with bench/device/poll_head_run.sh.
 set -euo pipefail
 files=/tmp/stage/files
@@ -25,8 +31,20 @@ head_run=(python3 bench/gpu_head.py --work /tmp/gw --target-gguf "$gguf"
   --json /tmp/gw/out.json --train-minutes "${TRAIN_MINUTES:-6}" --graphs "${GRAPHS:-builder}"
   --tree-graphs "${TREE_GRAPHS:-builder}" --phases "${PHASES:-card,train,export,decode,genai}" ${DATA:+--data "$DATA"}
   ${draft:+--draft-gguf "$draft"})
+head=true
+[ "${GPU_HEAD:-1}" = 1 ] && head="$(printf '%q ' "${head_run[@]}") > /tmp/gw/log 2>&1"
+batched=true
+if [ "${GPU_BATCHED:-0}" = 1 ]; then
+  [[ -n "$draft" ]] || { echo "GPU_BATCHED=1 needs the 0.5B draft's GGUF: stage with STAGE_DRAFT=1" >&2; exit 2; }
+  batched_run=(python3 bench/gpu_batched.py --work /tmp/gw/batched --target "$gguf" --draft "$draft"
+    --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" "$prompts/spec_bench_question.jsonl"
+    --json /tmp/gw/batched.json)
+  batched="$(printf '%q ' "${batched_run[@]}") ${BATCHED_ARGS:-} > /tmp/gw/batched.log 2>&1"
+fi
+serve=true
+[ "${GPU_SERVE_LOAD:-0}" = 1 ] && serve="bash bench/device/serve_load_gpu.sh > /tmp/gw/serve_load.log 2>&1"
 tests=true
 [ "${GPU_TESTS:-0}" = 1 ] && tests="python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1"
 # setsid: a device call kills its own session's processes when it returns
-setsid nohup bash -c "$(printf '%q ' "${head_run[@]}") > /tmp/gw/log 2>&1; $tests" < /dev/null > /dev/null 2>&1 &
-sleep 5; tail -5 /tmp/gw/log
+setsid nohup bash -c "$head; $batched; $serve; $tests" < /dev/null > /dev/null 2>&1 &
+sleep 5; tail -5 /tmp/gw/log /tmp/gw/batched.log 2>/dev/null || true
