@@ -45,6 +45,8 @@ __all__ = [
 K_MIN, K_MAX = 1, 16       # a pack's k_max (spec-export --k)
 DEFAULT_K = 4              # spec-export's default k_max
 TREE_NODES_MAX = 64        # spec-export --max-tree-nodes: the most nodes a tree verify graph is built for (docs/trees.md)
+TREE_WIDTH_MAX = 8         # K of a tree-drafting step graph's TopK (a draft head's, a draft model's): the most children
+                           # a node of a drafted tree gets
 K_AUTO = "auto"            # run-time k chosen per step (runtime/adaptive_k.py)
 TREE_AUTO: Final = "auto"  # run-time tree: the tree policy (runtime/tree_policy.py)
 TREE_OFF: Final = "off"    # run-time tree: chains

@@ -91,11 +91,13 @@ FEATURES = "features"
 DRAFT_IDS = "draft_ids"
 HIDDEN_IN = "hidden_in"
 HIDDEN_OUT = "hidden_out"
-# a head step for token trees (--draft-head with --max-tree-nodes; docs/heads.md, "Trees drafted by the head")
+# a head step for token trees (--draft-head with --max-tree-nodes; docs/heads.md, "Trees drafted by the head"); a tree
+# pack's draft_step.onnx too (a draft model's tree form, docs/trees.md: its own rows are its last W input rows, and it
+# has no tree_hidden)
 DRAFT_POSITIONS = "draft_positions"  # int64 [1, W]: each own row's position (chains: its cache row)
 DRAFT_MASK = "draft_mask"            # bool [1, W, M]: the cache rows each own row may read (AND the causal mask)
 TREE_TOKENS = "tree_tokens"          # int64 [1, W + 1, K]: each own row's (then the last row's) top-K tokens
-TREE_LOGPROBS = "tree_logprobs"      # fp32 [1, W + 1, K]: their log-probabilities under the head (temperature 1)
+TREE_LOGPROBS = "tree_logprobs"      # fp32 [1, W + 1, K]: their log-probabilities (the head's, the draft's; temp. 1)
 TREE_HIDDEN = "tree_hidden"          # [1, W + 1, H]: those rows' outputs o (a child row's hidden_in)
 
 DRAFT_STEP_FILE = "draft_step.onnx"

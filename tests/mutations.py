@@ -28,10 +28,14 @@ Runtime mutations (RUNTIME_MUTATIONS, `runtime_mutation`) replace one step of th
     features_not_compacted   after a tree verify, a head pack's features cache keeps its rows in node order (the
                              cpu backend's keep_feature_rows does nothing): the head reads rejected nodes' features
 
-Drafter mutations (classes wrapping a pack's Draft, handed to a HeadDrafter):
+Drafter mutations (classes wrapping a pack's Draft, handed to a HeadDrafter; or wrapping a Drafter):
 
     TemperedQ                a head that reports each q row squared and renormalized (q at half the temperature the
                              token was drawn at): a q that is not the distribution its drafts came from
+    PeekingTrees             a tree drafter whose tree depends on the verify's own uniform of the first node's test
+                             (state.uniforms.verify[0, 0], drawn before the step): at u >= 1/2 its first root child
+                             becomes a token the test names (the target's most likely: that test then rejects it); the
+                             deterministic rule is exact only for candidates fixed before the uniforms are looked at
 
 Batched verify head mutations (BATCHED_HEAD_MUTATIONS, `batched_head_mutation`) change the graph built while they
 are active (specpack/graphs/batched_head.py):
@@ -184,3 +188,25 @@ class TemperedQ:
 
     def rollback(self, state: Any, length: int) -> None:
         self.real.rollback(state, length)
+
+
+class PeekingTrees:
+    """A tree Drafter (`real`) whose proposals peek at the verify's uniforms (module docstring): `best(state)` gives the
+    token put first at u >= 1/2 (where it is not among the proposal's tokens already: siblings stay distinct)."""
+
+    def __init__(self, real: Any, best: Callable[[Any], int]) -> None:
+        self.real, self.best = real, best
+
+    def begin(self, state: Any) -> None:
+        self.real.begin(state)
+
+    def propose(self, state: Any, k: int) -> Any:
+        proposal = self.real.propose(state, k)
+        if proposal.k and proposal.parents is not None and state.uniforms.verify[0, 0] >= 0.5:
+            best = self.best(state)
+            if best not in proposal.tokens.tolist():
+                proposal.tokens[0] = best
+        return proposal
+
+    def commit(self, state: Any) -> None:
+        self.real.commit(state)

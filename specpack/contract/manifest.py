@@ -41,7 +41,7 @@ TOKENIZER_FILES = tuple(f"{names.TOKENIZER_DIR}/{f}" for f in names.TOKENIZER_LO
 HEAD_INPUTS = (names.INPUT_IDS, names.FEATURES, names.DRAFT_IDS, names.HIDDEN_IN, names.TEMPERATURE, names.TOP_K,
                names.TOP_P, names.UNIFORM)  # head_step.onnx, besides its KV cache (names.py, "Head packs")
 HEAD_OUTPUTS = (names.TOKEN, names.PROBS, names.HIDDEN_OUT)
-TREE_HEAD_INPUTS = (names.DRAFT_POSITIONS, names.DRAFT_MASK)  # a head's tree form adds (docs/heads.md)
+TREE_HEAD_INPUTS = (names.DRAFT_POSITIONS, names.DRAFT_MASK)  # a head's or draft model's tree form adds (docs/trees.md)
 TREE_HEAD_OUTPUTS = (names.TREE_TOKENS, names.TREE_LOGPROBS, names.TREE_HIDDEN)
 ROLE_IO = {  # what the runtime binds by name in each graph, besides the plain inputs and the KV cache
     "draft": ({names.UNIFORM}, {names.TOKEN, names.PROBS}),
@@ -260,6 +260,8 @@ class ModelEntry(_Closed):
     quantization: Quantization | None = None  # None: the graph as exported (quantize/stage.py, fidelity.py)
     graph: GraphEntry
     batched: BatchedForm | None = None  # --max-batch: the batched graph beside `graph` (None: batch 1 only)
+    tree_width: Annotated[int, Field(ge=0, le=64)] = 0  # > 0: a tree pack's draft model in its tree form (own rows'
+    # positions and mask in, each row's top-K out: docs/trees.md, "Trees drafted by the draft model"): K of its TopK
 
     @model_validator(mode="after")
     def _check_kv_cache_io(self) -> ModelEntry:
@@ -288,6 +290,12 @@ class ModelEntry(_Closed):
             for spec in [*compact.inputs, *compact.outputs]:
                 if spec.name.startswith(("past_key_values.", "present.")):
                     _check_kv_spec(spec, self)
+        if self.tree_width:  # the draft's tree form: own rows' positions and mask in, each row's top-K out
+            names_in, names_out = {s.name for s in g.inputs}, {s.name for s in g.outputs}
+            if g.kv_cache != "static" or not set(TREE_HEAD_INPUTS) <= names_in or \
+                    not {names.TREE_TOKENS, names.TREE_LOGPROBS} <= names_out:
+                raise ValueError(f"a model's tree form (tree_width {self.tree_width}) has kv_cache 'static', inputs "
+                                 f"{list(TREE_HEAD_INPUTS)} and outputs {[names.TREE_TOKENS, names.TREE_LOGPROBS]}")
         if self.batched is not None:
             batched = self.batched.graph
             for specs, prefix in ((batched.inputs, "past"), (batched.outputs, "present")):
@@ -434,6 +442,11 @@ class Manifest(_Closed):
         for role, model in self.models():
             if role == "draft" and model.graph.tree is not None:
                 raise ValueError("only the target's graph can be a tree verify graph")
+            if model.tree_width and (role != "draft" or self.target.graph.tree is None):
+                raise ValueError(f"only a tree pack's draft model has the tree form (tree_width {model.tree_width}): "
+                                 f"found it on the {role}"
+                                 + (" of a pack whose target verifies no trees" if self.target.graph.tree is None
+                                    else ""))
             _check_graph_names(role, model, self.vocab_size)
             if model.vocab_rows < self.vocab_size:
                 raise ValueError(f"vocab_size {self.vocab_size} is larger than the {role}'s vocab_rows {model.vocab_rows}")
@@ -500,6 +513,8 @@ def _check_graph_names(role: str, model: ModelEntry, vocab_size: int) -> None:
     inputs = {s.name: s for s in model.graph.inputs}
     outputs = {s.name: s for s in model.graph.outputs}
     fed = model.graph.runtime_inputs() | extra_in
+    if model.tree_width:  # the draft's tree form (ModelEntry: checked there)
+        fed = fed | set(TREE_HEAD_INPUTS)
     if role == "target" and model.graph.kv_cache == "static":  # a static head pack's features cache, if it has one
         fed = fed | ({names.PAST_TARGET_FEATURES} & set(inputs))
     missing = sorted(fed - set(inputs)) + sorted(extra_out - set(outputs))

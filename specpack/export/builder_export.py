@@ -145,12 +145,13 @@ def builder_options(method: str, execution_provider: str) -> tuple[str | None, d
 
 def build_plain_graph(model_dir: Path, work: Path, dtype: str, execution_provider: str,
                       method: str = modes.NONE, taps: tuple[int, ...] = (),
-                      tree_nodes: int = 0) -> tuple[Path, dict[str, Any] | None]:
+                      tree_nodes: int = 0, draft_tree: bool = False) -> tuple[Path, dict[str, Any] | None]:
     """Run the model builder on `model_dir` into the folder `work` and rename its graph to our contract;
     returns the plain graph (work/model.onnx, weights in work/model.onnx.data) and, for a weight-only
     `method`, its quantization record for the manifest (None when not quantized). With `taps` (a head pack's
     target), the graph also writes the features the head reads into its features cache (builder_features.py);
-    tree_nodes > 0: the tree form, for trees of up to tree_nodes nodes (builder_tree.py)."""
+    tree_nodes > 0: the tree form, for trees of up to tree_nodes nodes (builder_tree.py); draft_tree: a tree pack's
+    draft in the draft's tree form (own rows' positions and mask: builder_tree.add_draft_tree_form)."""
     import time
 
     from onnxruntime_genai.models import builder
@@ -179,6 +180,10 @@ def build_plain_graph(model_dir: Path, work: Path, dtype: str, execution_provide
         from specpack.export.builder_tree import add_tree_form
 
         add_tree_form(plain, tree_nodes, int(genai_config["model"]["context_length"]))
+    if draft_tree:
+        from specpack.export.builder_tree import add_draft_tree_form
+
+        add_draft_tree_form(plain, int(genai_config["model"]["context_length"]))
     if quantized is None:
         return plain, None
     return plain, quantization_record(plain, method, extra, time.perf_counter() - start)

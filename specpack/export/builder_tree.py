@@ -1,4 +1,5 @@
-"""The tree form of a model builder graph (`spec-export --graphs builder --max-tree-nodes T`): plain -> tree form.
+"""The tree form of a model builder graph (`spec-export --graphs builder --max-tree-nodes T`): plain -> tree form; and
+the draft's tree form of a tree pack's builder draft (`add_draft_tree_form`, `draft_tree_inputs`, below).
 
     builder graph (renamed to our contract)  --+ parents [1, T] int64 in (dim tree_nodes), after attention_mask
     every GroupQueryAttention node (do_rotary 1: the rotary inside) gains
@@ -29,6 +30,7 @@ test_builder_tree.py runs one).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +42,7 @@ from specpack.graphs.onnx_builder import INT64, GraphBuilder, Value
 from specpack.graphs.tree_head import ancestor_mask, depths
 
 TREE = "tree_nodes"  # dim_param of `parents` (torch_export.py's)
+OWN, MAX = "own_rows", "max_sequence_length"  # dim_params of draft_positions / draft_mask (torch_export.py's)
 GQA = "GroupQueryAttention"
 POSITION_IDS_SLOT, ATTENTION_BIAS_SLOT = 9, 10  # com.microsoft GroupQueryAttention's optional inputs
 
@@ -47,14 +50,32 @@ POSITION_IDS_SLOT, ATTENTION_BIAS_SLOT = 9, 10  # com.microsoft GroupQueryAttent
 def add_tree_form(plain: Path, max_nodes: int, context_length: int) -> None:
     """Rewrite the builder graph at `plain` (weights stay in its data file) into the tree form for trees of up to
     `max_nodes` nodes; `context_length`: the model's positions (a sliding window at least that long never binds)."""
+    _feed_attention(plain, context_length, "specpack/tree/", lambda b, dtype: tree_inputs(b, max_nodes, dtype),
+                    [onnx.helper.make_tensor_value_info(names.PARENTS, INT64, [1, TREE])])
+
+
+def add_draft_tree_form(plain: Path, context_length: int) -> None:
+    """Rewrite the builder graph of a tree pack's draft model at `plain` into the draft's tree form (torch_export.py's
+    draft_tree contract: draft_positions [1, W] and draft_mask [1, W, M] in, after attention_mask; docs/trees.md,
+    "Trees drafted by the draft model"): every GroupQueryAttention fed draft_tree_inputs."""
+    _feed_attention(plain, context_length, "specpack/draft_tree/", draft_tree_inputs,
+                    [onnx.helper.make_tensor_value_info(names.DRAFT_POSITIONS, INT64, [1, OWN]),
+                     onnx.helper.make_tensor_value_info(names.DRAFT_MASK, onnx.TensorProto.BOOL, [1, OWN, MAX])])
+
+
+def _feed_attention(plain: Path, context_length: int, prefix: str,
+                    inputs: Callable[[GraphBuilder, int], tuple[Value, Value]],
+                    new_inputs: list[onnx.ValueInfoProto]) -> None:
+    """Every GroupQueryAttention of the graph at `plain` fed the (position_ids, attention_bias) that `inputs` builds
+    (once, first in the graph), and `new_inputs` added after attention_mask; saved in place."""
     model = onnx.load(str(plain), load_external_data=False)
     graph = model.graph
     attention = [n for n in graph.node if n.op_type == GQA]
     _check_attention(plain, attention, context_length)
     past = next(i for i in graph.input if i.name.startswith("past_key_values."))
     opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
-    b = GraphBuilder(opset, prefix="specpack/tree/")
-    positions, bias = tree_inputs(b, max_nodes, past.type.tensor_type.elem_type)
+    b = GraphBuilder(opset, prefix=prefix)
+    positions, bias = inputs(b, past.type.tensor_type.elem_type)
     for node in attention:
         slots = list(node.input) + [""] * max(0, ATTENTION_BIAS_SLOT + 1 - len(node.input))
         slots[POSITION_IDS_SLOT], slots[ATTENTION_BIAS_SLOT] = positions, bias
@@ -62,8 +83,35 @@ def add_tree_form(plain: Path, max_nodes: int, context_length: int) -> None:
     for offset, node in enumerate(b.nodes):  # first: they read graph inputs only
         graph.node.insert(offset, node)
     after_mask = next(i for i, v in enumerate(graph.input) if v.name == names.ATTENTION_MASK) + 1
-    graph.input.insert(after_mask, onnx.helper.make_tensor_value_info(names.PARENTS, INT64, [1, TREE]))
+    for offset, value in enumerate(new_inputs):
+        graph.input.insert(after_mask + offset, value)
     onnx.save_model(model, str(plain))
+
+
+def draft_tree_inputs(b: GraphBuilder, dtype: int) -> tuple[Value, Value]:
+    """(position_ids int64 [1, S], attention_bias `dtype` [1, 1, S, M]) of the draft's tree form, from input_ids,
+    attention_mask, draft_positions and draft_mask: the rows before the last W (own rows) at L + s, reading every row
+    (the causal mask does the rest); own row j at draft_positions[j], reading what draft_mask[j] allows.
+
+        positions = L + [0 .. S-W-1] ++ draft_positions                                    [1, S]
+        bias      = [[1 (S-W rows, M cols)], [draft_mask]] ? 0 : lowest                      [1, 1, S, M]
+    """
+    zero = b.const([0])
+    seq = b.op("Shape", names.INPUT_IDS, start=1, end=2)  # [1] S (host)
+    own = b.op("Shape", names.DRAFT_POSITIONS, start=1, end=2)  # [1] W (host)
+    max_len = b.op("Shape", names.ATTENTION_MASK, start=1, end=2)  # [1] M (host)
+    before = b.op("Sub", seq, own)  # [1] S - W, the rows before the own rows (host)
+    end = b.reduce("ReduceSum", names.ATTENTION_MASK, axis=1, keepdims=False)  # [1] L + S (device)
+    start = b.op("Sub", end, b.shape_value(seq))  # [1] L
+    rows = b.op("Add", _range(b, before), start)  # [S-W] L + s
+    positions = b.op("Unsqueeze", b.op("Concat", rows, b.op("Squeeze", names.DRAFT_POSITIONS, zero), axis=0), zero)
+    true = onnx.numpy_helper.from_array(np.ones(1, np.bool_))
+    causal = b.op("ConstantOfShape", b.op("Concat", before, max_len, axis=0), value=true)  # [S-W, M]
+    allowed = b.op("Concat", causal, b.op("Squeeze", names.DRAFT_MASK, zero), axis=0)  # [S, M] bool
+    np_dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+    zero_bias, lowest = b.const(0, np_dtype), b.const(np.finfo(np_dtype).min, np_dtype)  # scalars
+    bias = b.op("Where", allowed, zero_bias, lowest)  # [S, M]
+    return positions, b.op("Unsqueeze", bias, b.const([0, 1]))  # [1, S], [1, 1, S, M]
 
 
 def tree_inputs(b: GraphBuilder, max_nodes: int, dtype: int) -> tuple[Value, Value]:

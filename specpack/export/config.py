@@ -15,7 +15,16 @@ from specpack.export.builder_export import (
     check_builder_quantization,
 )
 from specpack.export.graph_form import ATTENTION_CHOICES, FORMS, KV_CACHES, GraphForm, resolve_form
-from specpack.limits import DEFAULT_K, DEFAULT_MAX_LEN, DRAFTERS, K_MAX, K_MIN, check_export_k, check_tree_nodes
+from specpack.limits import (
+    DEFAULT_K,
+    DEFAULT_MAX_LEN,
+    DRAFTERS,
+    K_MAX,
+    K_MIN,
+    TREE_WIDTH_MAX,
+    check_export_k,
+    check_tree_nodes,
+)
 from specpack.quantize import modes
 
 # the CLI reads them here
@@ -165,6 +174,15 @@ class ExportConfig:
             if value is not None:
                 check_builder_quantization(role, value)
         check_builder_config(self.dtype, self.execution_provider)
+
+    def draft_tree_width(self, vocab_size: int) -> int:
+        """K of the draft model's tree form (docs/trees.md, "Trees drafted by the draft model"): a tree pack's draft
+        model (torch or builder graphs) gets own rows' positions and mask and each row's top-K in draft_step.onnx, K =
+        TREE_WIDTH_MAX at most the nodes and the vocabulary; 0: its chain form (no tree verify graph, no draft
+        model)."""
+        if not self.max_tree_nodes or self.drafter != "model" or self.draft_head:
+            return 0
+        return min(TREE_WIDTH_MAX, self.max_tree_nodes, vocab_size)
 
     def graph_form(self, head_dim: int) -> GraphForm:
         """The KV cache and attention form of one model's graph (attention "auto" depends on its head size);

@@ -39,13 +39,13 @@ from specpack.errors import SpecpackError
 from specpack.export.torch_export import OPSET, _data_path, _save
 from specpack.graphs.attach import LogitsNotPrunedWarning, build_draft_step_graph
 from specpack.heads.head_file import HeadRecord, build_head, check_target, read_head
+from specpack.limits import TREE_WIDTH_MAX  # K of the tree form's TopK: the most children a node of a drafted tree gets
 
 HEAD_INPUTS = (names.INPUT_IDS, names.FEATURES, names.DRAFT_IDS, names.HIDDEN_IN, *names.kv_names(1, "past"))
 HEAD_OUTPUTS = (names.LOGITS, names.HIDDEN_OUT, *names.kv_names(1, "present"))
 STATIC_HEAD_INPUTS = (*HEAD_INPUTS[:4], names.ATTENTION_MASK, *HEAD_INPUTS[4:])
 TREE_HEAD_INPUTS = (*HEAD_INPUTS[:4], names.DRAFT_POSITIONS, names.DRAFT_MASK, names.ATTENTION_MASK, *HEAD_INPUTS[4:])
 TREE_HEAD_OUTPUTS = (*HEAD_OUTPUTS[:2], names.TREE_TOKENS, names.TREE_LOGPROBS, names.TREE_HIDDEN, *HEAD_OUTPUTS[2:])
-TREE_WIDTH_MAX = 8  # K of the tree form's TopK: the most children a node of a head-drafted tree gets
 
 
 def check_head_for_target(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, Any]:

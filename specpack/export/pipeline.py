@@ -12,7 +12,8 @@
          that equal the batch-1 graph's read from that one's data file: quantize/stage.py, quantize_graph_pair)
       -> tokenizer -> fidelity of the quantized graphs against the plain ones (quantize/fidelity.py)
       -> attach heads (graphs/): draft_step.onnx / verify.onnx -> manifest (export/writer.py, the schema in contract/)
-         (--max-tree-nodes T: the target's tree form + the tree head, and kv_compact.onnx; docs/trees.md)
+         (--max-tree-nodes T: the target's tree form + the tree head, and kv_compact.onnx; a draft model's tree form
+          on torch graphs: own rows' positions and mask, each row's top-K; docs/trees.md)
       -> (--max-batch B) each model's batched (quantized) form + its batched head: verify_batched.onnx (the batched
          verify head), draft_batched.onnx (the greedy head); a quantized one shares verify.onnx.data /
          draft_step.onnx.data (docs/batching.md)
@@ -154,13 +155,16 @@ def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGra
                 path, record = _run_stage(_build_plain, config.isolate, model_dir, work / f"{role}-builder",
                                           config.dtype, config.execution_provider, method,
                                           sources.taps if role == "target" else (),
-                                          config.max_tree_nodes if role == "target" else 0)
+                                          config.max_tree_nodes if role == "target" else 0,
+                                          role == "draft" and config.draft_tree_width(sources.vocab_size) > 0)
             graphs[role] = Graph(path, record)
             continue
         path = work / f"{role}.onnx"
-        with phase(f"exporting the {role} ({model_dir.name})", _log):
+        draft_tree = role == "draft" and config.draft_tree_width(sources.vocab_size) > 0  # a tree pack's draft model
+        with phase(f"exporting the {role} ({model_dir.name})" + (" in its tree form" if draft_tree else ""), _log):
             _run_stage(_export_plain, config.isolate, model_dir, path, config.dtype, model.form,
-                       sources.taps if role == "target" else (), config.max_tree_nodes if role == "target" else 0)
+                       sources.taps if role == "target" else (), config.max_tree_nodes if role == "target" else 0,
+                       draft_tree)
         graphs[role] = Graph(path)
     batched: dict[Role, Graph] = {}
     for model in sources.models if config.max_batch else ():  # before quantizing: it is quantized with the graph
@@ -235,7 +239,8 @@ def attached_graphs(sources: Sources, quantized: QuantizedGraphs, pack_dir: Path
             _remove_graph(plain)  # the unquantized intermediate: only the pack's graphs stay
         with phase(f"attaching the {role}'s sampling and acceptance head ({graph_file})", _log):
             _run_stage(_attach, config.isolate, graph.path, pack_dir / graph_file, role, sources.vocab_size,
-                       model.form.heads, config.max_tree_nodes if role == "target" else 0)
+                       model.form.heads, config.max_tree_nodes if role == "target" else 0,
+                       config.draft_tree_width(sources.vocab_size) if role == "draft" else 0)
         files[role] = graph_file
     if config.max_tree_nodes:  # the tree form's cache compaction (docs/trees.md)
         from specpack.graphs.kv_compact import write_kv_compact
@@ -326,12 +331,13 @@ def _check_draft_source(draft_src: str | None, config: ExportConfig) -> None:
 
 
 def _export_plain(model_dir: Path, plain: Path, dtype: str, form: GraphForm, taps: tuple[int, ...] = (),
-                  tree_nodes: int = 0) -> None:
+                  tree_nodes: int = 0, draft_tree: bool = False) -> None:
     """Stage 1: the plain forward graph (torch; the model's memory goes with the process); with `taps`, it also
-    outputs the features a draft head reads; tree_nodes > 0: the tree form (torch_export.py)."""
+    outputs the features a draft head reads; tree_nodes > 0: the tree form (torch_export.py); draft_tree: the draft's
+    tree form (own rows' positions and mask: a tree pack's draft model)."""
     from specpack.export.torch_export import export_plain_graph
 
-    export_plain_graph(model_dir, plain, dtype, form, taps, tree_nodes)
+    export_plain_graph(model_dir, plain, dtype, form, taps, tree_nodes, draft_tree)
 
 
 def _check_head(head_dir: Path, target_dir: Path, target_src: str) -> dict[str, Any]:
@@ -354,13 +360,15 @@ def _export_head(head_dir: Path, target_dir: Path, out: Path, dtype: str, vocab_
 
 
 def _build_plain(model_dir: Path, work: Path, dtype: str, execution_provider: str, method: str,
-                 taps: tuple[int, ...] = (), tree_nodes: int = 0) -> tuple[Path, dict[str, Any] | None]:
+                 taps: tuple[int, ...] = (), tree_nodes: int = 0,
+                 draft_tree: bool = False) -> tuple[Path, dict[str, Any] | None]:
     """Stages 1 and 2 with --graphs builder: onnxruntime-genai's model builder (quantizing as it builds for
     int4 / int8), renamed to our contract; the graph and its quantization record. `taps`: a head pack's target
-    also writes the head's features (builder_features.py); tree_nodes > 0: the tree form (builder_tree.py)."""
+    also writes the head's features (builder_features.py); tree_nodes > 0: the tree form (builder_tree.py); draft_tree:
+    the draft's tree form (builder_tree.add_draft_tree_form)."""
     from specpack.export.builder_export import build_plain_graph
 
-    return build_plain_graph(model_dir, work, dtype, execution_provider, method, taps, tree_nodes)
+    return build_plain_graph(model_dir, work, dtype, execution_provider, method, taps, tree_nodes, draft_tree)
 
 
 def _quantize(plain: Path, out: Path, method: str, gguf: Path | None) -> dict[str, Any]:
@@ -405,13 +413,22 @@ def _fidelity(graphs: dict[str, Path], plain: dict[str, Path], quantization: dic
 
 
 def _attach(graph: Path, graph_out: Path, role: str, vocab_size: int, heads: str = "onnxruntime",
-            tree_nodes: int = 0) -> None:
+            tree_nodes: int = 0, draft_tree_width: int = 0) -> None:
     """Stage 4: the head (`heads`: the form's, graph_form.py) on top of the (quantized) plain graph; its weights
-    move to the head graph. tree_nodes > 0: the tree verify head (the target's tree form)."""
-    from specpack.graphs.attach import build_draft_step_graph, build_tree_verify_graph, build_verify_graph
+    move to the head graph. tree_nodes > 0: the tree verify head (the target's tree form); draft_tree_width > 0: the
+    draft head with each own row's top-K (the draft's tree form)."""
+    from specpack.graphs.attach import (
+        build_draft_step_graph,
+        build_draft_tree_step_graph,
+        build_tree_verify_graph,
+        build_verify_graph,
+    )
 
     if tree_nodes:
         build_tree_verify_graph(graph, graph_out, vocab_size, tree_nodes)
+        return
+    if draft_tree_width:
+        build_draft_tree_step_graph(graph, graph_out, vocab_size, draft_tree_width)
         return
     build = build_draft_step_graph if role == "draft" else build_verify_graph
     build(graph, graph_out, vocab_size, heads)

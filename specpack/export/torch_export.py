@@ -29,6 +29,14 @@ The tree form (tree_nodes > 0: static cache, either attention; docs/trees.md) ad
        position_ids[root] + depth (the nodes' own position_ids are not read); rows before the nodes are causal
     with taps (a head pack): the features cache after `parents`, every row's features written in place (the nodes'
     too, in node order: kv_compact moves the accepted path's rows, as for the KV cache)
+
+The draft's tree form (draft_tree: a tree pack's draft model, static cache, either attention; docs/trees.md, "Trees
+drafted by the draft model") adds two inputs after the mask, for the run's last W rows (its own rows: a token tree's
+nodes being expanded), as a draft head's tree form does (export/head_export.py):
+
+    draft_positions [1, W]     int64, each own row's position (replaces its position_ids; a node: the root's + depth)
+    draft_mask      [1, W, M]  bool, the cache rows each own row may read, ANDed with the causal mask (a node: the
+                               committed rows, its ancestors' rows and its own); W = 0: the static form, bit for bit
 torch and transformers are imported inside functions only.
 """
 
@@ -57,15 +65,17 @@ OPSET = 20  # pinned: torch's default opset differs between versions
 BATCH, SEQ, PAST, TOTAL, MAX = ("batch_size", "sequence_length", "past_sequence_length", "total_sequence_length",
                                 "max_sequence_length")
 TREE = "tree_nodes"  # dim_param of `parents` in the tree form
+OWN = "own_rows"  # dim_param of draft_positions / draft_mask in the draft's tree form
 
 
 def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", form: GraphForm = CONCAT,
-                       taps: tuple[int, ...] = (), tree_nodes: int = 0) -> ModelInfo:
+                       taps: tuple[int, ...] = (), tree_nodes: int = 0, draft_tree: bool = False) -> ModelInfo:
     """Export `model_dir` to `out_onnx` plus one external data file `{out_onnx.name}.data` next to it. `taps`: also
     output `target_features` [B, S, len(taps) * hidden], the inputs of those layers (transformers' hidden_states[i])
     concatenated: what a draft head reads (names.py, "Head packs"); in the static form a features cache instead,
     `past_target_features` -> `target_features` [1, 1, M, F] written in place at the run's rows, like the KV cache.
-    tree_nodes > 0: the tree form (module docstring), for trees of up to tree_nodes nodes."""
+    tree_nodes > 0: the tree form (module docstring), for trees of up to tree_nodes nodes. draft_tree: the draft's tree
+    form (module docstring: own rows' positions and mask), static cache only."""
     if dtype not in DTYPES:
         raise SpecpackError(f"unsupported export dtype {dtype!r}", expected=f"one of {', '.join(DTYPES)}",
                             found=repr(dtype), hint="fp32 for CPU; fp16 or bf16 for GPUs")
@@ -73,6 +83,10 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
     info = read_model_info(model_dir)
     form.check(info.head_dim)
     check_tree_form(form, tree_nodes)
+    if draft_tree and (form.kv_cache != "static" or tree_nodes or taps):
+        raise SpecpackError("the draft's tree form is a static-cache graph without a tree verify or taps",
+                            expected="kv_cache static, tree_nodes 0, no taps", found=f"{form}, tree_nodes {tree_nodes}, "
+                            f"taps {taps}", hint="report this as a bug")
     out_onnx.parent.mkdir(parents=True, exist_ok=True)
     _log(f"exporting {out_onnx.stem} ({info.model_type}, {info.num_layers} layers, {dtype}, {form}) from "
          f"{model_dir} ...")
@@ -84,10 +98,10 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
         state = static_attention.StaticCacheState(form.attention)
         _register_static_attention(static_attention.make_attention(state))
         model = _load_model(model_dir, dtype, static_attention.ATTN_IMPLEMENTATION)
-        program = _export(_static_forward(model, state, taps, tree_nodes),
-                          _static_example_inputs(info, dtype, tree_nodes, _feature_dim(model, taps)),
-                          _static_dynamic_shapes(info, tree_nodes, bool(taps)), info, static_attention.TRANSLATIONS,
-                          taps, tree_nodes)
+        program = _export(_static_forward(model, state, taps, tree_nodes, draft_tree),
+                          _static_example_inputs(info, dtype, tree_nodes, _feature_dim(model, taps), draft_tree),
+                          _static_dynamic_shapes(info, tree_nodes, bool(taps), draft_tree), info,
+                          static_attention.TRANSLATIONS, taps, tree_nodes, draft_tree)
     else:
         model = _load_model(model_dir, dtype, "eager")
         program = _export(_plain_forward(model, taps), _example_inputs(info, dtype), _dynamic_shapes(info), info, None,
@@ -97,7 +111,7 @@ def export_plain_graph(model_dir: Path, out_onnx: Path, dtype: str = "fp32", for
     del program
     gc.collect()
 
-    _check_graph(out_onnx, info, dtype, form, taps, tree_nodes)
+    _check_graph(out_onnx, info, dtype, form, taps, tree_nodes, draft_tree)
     size = (out_onnx.stat().st_size + _data_path(out_onnx).stat().st_size) / 2**20
     _log(f"exported {out_onnx.stem} in {time.perf_counter() - start:.1f} s: {out_onnx} ({size:.0f} MiB)")
     return info
@@ -229,11 +243,13 @@ def _dynamic_shapes(info: ModelInfo) -> tuple[Any, ...]:
             tuple([{0: batch, 2: past}] * (2 * info.num_layers)))
 
 
-def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = (), tree_nodes: int = 0
-                    ) -> torch.nn.Module:
+def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = (), tree_nodes: int = 0,
+                    draft_tree: bool = False) -> torch.nn.Module:
     """Wrap `model` as forward(input_ids, position_ids, attention_mask [1, M], *past [1, H, M, D]) ->
     (logits, *present): the attention registered for `state` writes each layer's new rows into its past.
-    tree_nodes > 0: forward(input_ids, position_ids, attention_mask, parents [1, T], *past), the tree form."""
+    tree_nodes > 0: forward(input_ids, position_ids, attention_mask, parents [1, T], *past), the tree form.
+    draft_tree: forward(input_ids, position_ids, attention_mask, draft_positions [1, W], draft_mask [1, W, M], *past),
+    the draft's tree form."""
     import torch
 
     from specpack.export import static_attention as sa
@@ -272,6 +288,25 @@ def _static_forward(model: torch.nn.Module, state: Any, taps: tuple[int, ...] = 
                 _write_features(feature_cache, out, taps, input_ids, attention_mask.sum(dim=-1))]
             return (out.logits, *features, *state.ordered_presents())  # [1, S, V], [1, 1, M, F], [1, H, M, D]
 
+    class StaticDraftTreeForward(torch.nn.Module):
+        def __init__(self, lm: torch.nn.Module):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attention_mask: torch.Tensor,
+                    draft_positions: torch.Tensor, draft_mask: torch.Tensor, *past: torch.Tensor
+                    ) -> tuple[torch.Tensor, ...]:
+            # the last W of the S rows are own rows: at draft_positions, reading what draft_mask allows (and the
+            # causal mask); the rows before them are the static form's (positions = position_ids, causal)
+            seq, own = input_ids.shape[1], draft_positions.shape[1]
+            positions = torch.cat([position_ids[:, : seq - own], draft_positions], dim=1)  # [1, S]
+            before = torch.ones(seq - own, draft_mask.shape[2], dtype=torch.bool, device=draft_mask.device)
+            state.begin(attention_mask, past, torch.cat([before, draft_mask[0]]))  # allowed [S, M]
+            out = self.lm(input_ids=input_ids, position_ids=positions, use_cache=False)
+            return (out.logits, *state.ordered_presents())  # [1, S, V], [1, H, M, D] ...
+
+    if draft_tree:
+        return StaticDraftTreeForward(model).eval()
     return (StaticTreeForward(model) if tree_nodes else StaticForward(model)).eval()
 
 
@@ -294,17 +329,20 @@ def _feature_dim(model: torch.nn.Module, taps: tuple[int, ...]) -> int:
     return len(taps) * int(config.get_text_config(decoder=True).hidden_size)
 
 
-def _static_example_inputs(info: ModelInfo, dtype: str, tree_nodes: int = 0, feature_dim: int = 0) -> tuple[Any, ...]:
+def _static_example_inputs(info: ModelInfo, dtype: str, tree_nodes: int = 0, feature_dim: int = 0,
+                           draft_tree: bool = False) -> tuple[Any, ...]:
     """Tracing inputs for the static form: batch 1 (kept static), S = 3 new tokens after L = 2, M = 7; the tree
     form: S = 6 after L = 2, M = 11, the last T = 4 rows a tree (parents -1, 0, 0, 1); feature_dim > 0: the
-    features cache [1, 1, M, feature_dim]."""
+    features cache [1, 1, M, feature_dim]; draft_tree: S = 6 after L = 2, M = 11, the last W = 4 own rows."""
     import torch
 
-    seq, past, max_len = (6, 2, 11) if tree_nodes else (3, 2, 7)
+    seq, past, max_len = (6, 2, 11) if tree_nodes or draft_tree else (3, 2, 7)
     mask = torch.zeros(1, max_len, dtype=torch.int64)
     mask[:, : past + seq] = 1
     kv = (1, info.kv_heads, max_len, info.head_dim)
     tree = [torch.tensor([[-1, 0, 0, 1]])] if tree_nodes else []  # parents [1, T]
+    if draft_tree:  # draft_positions [1, W], draft_mask [1, W, M]
+        tree = [torch.tensor([[4, 5, 5, 6]]), torch.ones(1, 4, max_len, dtype=torch.bool)]
     torch_dtype = getattr(torch, GRAPH_DTYPES[dtype].torch)
     features = [torch.zeros(1, 1, max_len, feature_dim, dtype=torch_dtype)] if feature_dim else []
     return (
@@ -317,21 +355,26 @@ def _static_example_inputs(info: ModelInfo, dtype: str, tree_nodes: int = 0, fea
     )
 
 
-def _static_dynamic_shapes(info: ModelInfo, tree_nodes: int = 0, features: bool = False) -> tuple[Any, ...]:
+def _static_dynamic_shapes(info: ModelInfo, tree_nodes: int = 0, features: bool = False, draft_tree: bool = False
+                           ) -> tuple[Any, ...]:
     from torch.export import Dim
 
     seq, max_len = Dim(SEQ), Dim(MAX)
-    tree = [{1: Dim(TREE)}] if tree_nodes else []
+    tree: list[dict[int, Any]] = [{1: Dim(TREE)}] if tree_nodes else []
+    if draft_tree:
+        own = Dim(OWN)
+        tree = [{1: own}, {1: own, 2: max_len}]
     cache = [{2: max_len}] if features else []  # the features cache leads forward's *rest, before the past
     return ({1: seq}, {1: seq}, {1: max_len}, *tree, tuple(cache + [{2: max_len}] * (2 * info.num_layers)))
 
 
 def _export(forward: torch.nn.Module, example: tuple[Any, ...], dynamic_shapes: tuple[Any, ...], info: ModelInfo,
-            translations: dict[Any, Any] | None, taps: tuple[int, ...] = (), tree_nodes: int = 0) -> Any:
+            translations: dict[Any, Any] | None, taps: tuple[int, ...] = (), tree_nodes: int = 0,
+            draft_tree: bool = False) -> Any:
     """torch.onnx.export (dynamo) of a plain forward wrapper; returns the torch.onnx.ONNXProgram."""
     import torch
 
-    tree = [names.PARENTS] if tree_nodes else []
+    tree = [names.PARENTS] if tree_nodes else [names.DRAFT_POSITIONS, names.DRAFT_MASK] if draft_tree else []
     cache = [names.PAST_TARGET_FEATURES] if taps and translations is not None else []  # static: the features cache
     input_names = [names.INPUT_IDS, names.POSITION_IDS, names.ATTENTION_MASK, *tree, *cache,
                    *names.kv_names(info.num_layers, "past")]
@@ -366,7 +409,7 @@ def _save(program: Any, out_onnx: Path) -> None:
 
 
 def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm, taps: tuple[int, ...] = (),
-                 tree_nodes: int = 0) -> None:
+                 tree_nodes: int = 0, draft_tree: bool = False) -> None:
     """The saved graph's I/O names, types and fixed dims are the contract's; weights live in one data file."""
     import onnx
 
@@ -381,6 +424,8 @@ def _check_graph(out_onnx: Path, info: ModelInfo, dtype: str, form: GraphForm, t
         names.INPUT_IDS: (int64, (batch, SEQ)), names.POSITION_IDS: (int64, (batch, SEQ)),
         names.ATTENTION_MASK: (int64, (batch, MAX if static else TOTAL)),
         **({names.PARENTS: (int64, (1, TREE))} if tree_nodes else {}),
+        **({names.DRAFT_POSITIONS: (int64, (1, OWN)), names.DRAFT_MASK: (onnx.TensorProto.BOOL, (1, OWN, MAX))}
+           if draft_tree else {}),
         **({names.PAST_TARGET_FEATURES: (GRAPH_DTYPES[dtype].onnx, (1, 1, MAX, None))} if taps and static else {}),
         **dict.fromkeys(names.kv_names(info.num_layers, "past"), kv_in)}
     want_out: dict[str, tuple[int, tuple[str | int | None, ...]]] = {

@@ -56,7 +56,8 @@ def _manifest(pack_dir: Path, *, config: ExportConfig, sources: Sources, graphs:
                                        graphs.quantization.get(model.role), graph_record,
                                        config.max_tree_nodes if model.role == "target" else 0,
                                        _batched(pack_dir, graphs.batched.get(model.role), model.role, config.max_batch,
-                                                graphs.batched_quantization.get(model.role)))
+                                                graphs.batched_quantization.get(model.role)),
+                                       config.draft_tree_width(sources.vocab_size) if model.role == "draft" else 0)
               for model in sources.models}
     head = sources.head
     return Manifest(
@@ -125,14 +126,16 @@ def _batched(pack_dir: Path, graph_file: str | None, role: str, max_batch: int,
 
 def _model_entry(pack_dir: Path, graph_file: str, model: Model, dtype: str, quantization: QuantizationRecord | None,
                  graph_record: dict[str, str] | None = None, tree_nodes: int = 0,
-                 batched: dict[str, Any] | None = None) -> ModelEntry:
+                 batched: dict[str, Any] | None = None, tree_width: int = 0) -> ModelEntry:
+    """tree_nodes > 0: the target's tree verify graph; tree_width > 0: the draft's tree form (K of its TopK)."""
     info = model.info
     return ModelEntry.model_validate({
         "source": model.record(), "model_type": info.model_type, "num_layers": info.num_layers,
         "kv_heads": info.kv_heads, "head_dim": info.head_dim, "vocab_rows": info.vocab_rows,
         "max_positions": info.max_positions, "dtype": dtype,
         "graph": graph_entry(pack_dir, graph_file, model.form, graph_record, tree_nodes),
-        "quantization": None if quantization is None else dict(quantization), "batched": batched})
+        "quantization": None if quantization is None else dict(quantization), "batched": batched,
+        **({"tree_width": tree_width} if tree_width else {})})
 
 
 def graph_entry(pack_dir: Path, graph_file: str, form: GraphForm | None = None,

@@ -34,6 +34,7 @@ from specpack.graphs.batched_head import (
     batched_greedy_head_io,
     batched_verify_head_io,
 )
+from specpack.graphs.draft_tree_head import draft_tree_head, draft_tree_head_io
 from specpack.graphs.heads import (
     AddHead,
     HeadIO,
@@ -94,6 +95,13 @@ def build_draft_step_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, he
     """draft_step.onnx: the draft forward + sampling transform + draw (names.py, "Draft step graph")."""
     add_head = partial(add_draft_head, transform=TRANSFORMS[heads])
     _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_head, draft_head_io(vocab_size))
+
+
+def build_draft_tree_step_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, width: int) -> None:
+    """draft_step.onnx of a tree pack's draft model: the draft's tree form (torch_export.py: it takes draft_positions
+    and draft_mask) + the draft head and each own row's top-`width` (draft_tree_head.py), sharing draft_positions."""
+    _attach(Path(plain_onnx), Path(out_onnx), vocab_size, draft_tree_head(width), draft_tree_head_io(vocab_size, width),
+            shared={names.DRAFT_POSITIONS})
 
 
 def _attach(plain: Path, out: Path, vocab_size: int, add_head: AddHead, io: HeadIO,

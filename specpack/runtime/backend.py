@@ -95,12 +95,13 @@ class DraftModel(Protocol):
 
 
 class TreeDraftModel(DraftModel, Protocol):
-    """A draft that also drafts token trees (a tree pack's draft head: engine.TreeDraftEngine)."""
+    """A draft that also drafts token trees (a tree pack's draft head, or draft model in its tree form:
+    engine.TreeDraftEngine)."""
 
     tree_width: int  # the most children a node can get (0: the draft drafts chains only)
 
     def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
-        """A head tree's run on state.slot (engine.TreeDraftEngine.tree_step)."""
+        """A tree's run on state.slot (engine.TreeDraftEngine.tree_step)."""
         ...
 
 

@@ -44,18 +44,34 @@ class ModelDrafter:
     The draft's cache trails the committed tokens: after a step it holds the committed tokens and all but
     the last draft; at the next step it catches up by feeding S >= 1 tokens (S = 2 after all k drafts
     were accepted: the last draft and the bonus token).
+    Where a tree policy sets the step's shape (state.tree; a tree pack's draft model in its tree form) it drafts
+    EAGLE-2's dynamic tree (head_tree.py) instead of a chain: deterministic candidates (q None). A greedy request's
+    tree of width 1 within the chain's range (k <= chain_max) is the chain of the draft's argmaxes, drafted as a chain:
+    the same tokens, without the tree runs' top-K read back and host-side tree building (docs/trees.md, "Trees drafted
+    by the draft model").
     """
 
-    def __init__(self, model: Callable[[], DraftModel]) -> None:
-        """model: the backend's `draft` (it opens the draft model on first use: a k = 0 request never calls it)."""
+    def __init__(self, model: Callable[[], DraftModel], chain_max: int = 0) -> None:
+        """model: the backend's `draft` (it opens the draft model on first use: a k = 0 request never calls it);
+        chain_max: the most drafts a chain proposal holds (the pack's k_max: the draft's q rows)."""
         self.model = model
+        self.chain_max = chain_max
+        self._kept: dict[int, int] = {}  # slot -> the draft cache's rows to keep after a tree's verify
 
     def begin(self, state: DecodeState) -> None:
         model = self.model()
         model.reset(state)
+        self._kept.pop(state.slot, None)
         model.step(state, end=state.length - 1, row=0)  # the prompt's prefill, part of the first token's time
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
+        if self._drafts_tree(state, k):
+            self._kept[state.slot] = state.length  # the catch-up's rows: the committed tokens; the tree's go after
+            return self._tree(state, k, state.length)
+        self._kept.pop(state.slot, None)  # a chain keeps what it always kept
+        return self._chain(state, k)
+
+    def _chain(self, state: DecodeState, k: int) -> Proposal:
         model, ids, start = self.model(), state.ids, state.length
         n = 0
         while n < k:
@@ -65,8 +81,26 @@ class ModelDrafter:
                 break
         return Proposal(tokens=ids[start : start + n], q=model.q(state, n))
 
+    def _drafts_tree(self, state: DecodeState, k: int) -> bool:
+        """Whether this step drafts a tree: the policy set a shape, and it is not a greedy chain within chain_max."""
+        shape = state.tree
+        return shape is not None and not (shape.width == 1 and k <= self.chain_max and state.params.greedy)
+
+    def _tree(self, state: DecodeState, k: int, committed: int) -> Proposal:
+        """EAGLE-2's dynamic tree of k nodes at most, in the policy's shape (head_tree.py); `committed`: the draft
+        cache rows every tree row reads (a model: every committed token; a head: those with target features)."""
+        assert state.tree is not None
+        model, ids, start = cast(TreeDraftModel, self.model()), state.ids, state.length  # the backend's Draft
+        width = min(state.tree.width, model.tree_width)
+        tokens, parents = head_tree(partial(model.tree_step, state), committed, k, width, min(state.tree.depth, k),
+                                    state.eos_ids)
+        ids[start : start + len(tokens)] = tokens
+        return Proposal(tokens=ids[start : start + len(tokens)], q=None, parents=np.asarray(parents, np.int64))
+
     def commit(self, state: DecodeState) -> None:
-        self.model().rollback(state, state.length - 1)  # the next token is not in the draft's cache
+        # after a chain the next token is not in the draft's cache; after a tree only the rows the catch-up wrote stay
+        # (the tree's rows sit past them, in node order: the accepted path is fed again by the next catch-up)
+        self.model().rollback(state, self._kept.pop(state.slot, state.length - 1))
 
 
 class HeadDrafter(ModelDrafter):
@@ -74,14 +108,11 @@ class HeadDrafter(ModelDrafter):
     of its own; its first step of each proposal catches up on the rows the target has computed since the last one.
     Its cache keeps only rows computed from target features (EAGLE's rule): after the verify the drafted rows go.
     Where a tree policy sets the step's shape (state.tree; a tree pack's head), it drafts EAGLE-2's dynamic tree
-    (head_tree.py) instead of a chain: deterministic candidates (q None). A greedy request's tree of width 1 within
-    the chain's range (k <= chain_max) is the chain of the head's argmaxes, drafted as a chain: the same tokens, without
-    the tree runs' top-K read back and host-side tree building (docs/trees.md, "Tree drafters")."""
+    (head_tree.py) instead of a chain, as ModelDrafter does (and a greedy tree of width 1 within chain_max as a chain)."""
 
     def __init__(self, model: Callable[[], DraftModel], chain_max: int = 0) -> None:
         """chain_max: the most drafts a chain proposal holds (the pack's k_max: the head's q rows)."""
-        super().__init__(model)
-        self.chain_max = chain_max
+        super().__init__(model, chain_max)
         self._featured: dict[int, int] = {}  # slot -> rows from target features before the drafted ones
 
     def begin(self, state: DecodeState) -> None:
@@ -89,16 +120,9 @@ class HeadDrafter(ModelDrafter):
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
         self._featured[state.slot] = state.length - 1  # rows t < length - 1 have target features
-        shape = state.tree
-        if shape is None or (shape.width == 1 and k <= self.chain_max and state.params.greedy):
-            return super().propose(state, k)
-        # a tree policy's step: EAGLE-2's dynamic tree of k nodes at most, in the policy's shape (head_tree.py)
-        model, ids, start = cast(TreeDraftModel, self.model()), state.ids, state.length  # the backend's Draft
-        width = min(shape.width, model.tree_width)
-        tokens, parents = head_tree(partial(model.tree_step, state), start - 1, k, width, min(shape.depth, k),
-                                    state.eos_ids)
-        ids[start : start + len(tokens)] = tokens
-        return Proposal(tokens=ids[start : start + len(tokens)], q=None, parents=np.asarray(parents, np.int64))
+        if self._drafts_tree(state, k):
+            return self._tree(state, k, state.length - 1)
+        return self._chain(state, k)
 
     def commit(self, state: DecodeState) -> None:
         self.model().rollback(state, self._featured.pop(state.slot))

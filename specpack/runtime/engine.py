@@ -47,24 +47,27 @@ class TreeResult(NamedTuple):
 
 
 class HeadTreeRun(NamedTuple):
-    """One run of a head-drafted tree past the catch-up (docs/heads.md, "Trees drafted by the head"): W own rows, one
-    per node expanded, all at one depth. Each reads the head cache rows [0, committed) (computed from target features),
+    """One run of a drafted tree past the catch-up (docs/heads.md, "Trees drafted by the head"; a draft model's too:
+    docs/trees.md, "Trees drafted by the draft model"): W own rows, one per node expanded, all at one depth. Each reads
+    the cache rows [0, committed) (a head's computed from target features; a draft model's every committed token),
     `ancestors[j]` (the rows of node j's expanded ancestors) and its own row, which this run writes."""
 
     tokens: np.ndarray      # int64 [W]: the nodes' tokens (the rows' x_{t+1})
-    hidden: np.ndarray      # int64 [W]: where the output o of the row that predicted each node is kept (TopRows.hidden)
-    position: int           # the rows' position: the last committed token's + the nodes' depth - 1
+    hidden: np.ndarray      # int64 [W]: where the output o of the row that predicted each node is kept (TopRows.hidden;
+                            # a head's: a draft model ignores it)
+    position: int           # the rows' position: committed + the nodes' depth - 2 (a head: the last committed
+                            # token's + depth - 1; a draft model, committed = the committed length: root's + depth)
     committed: int          # head cache rows every row reads
     ancestors: np.ndarray   # int64 [W, d - 1]: each row's expanded ancestors' cache rows (d: the nodes' depth)
 
 
 class TopRows(NamedTuple):
-    """What a head tree step gives back for its R rows (the catch-up: its last row; an expansion: its own rows)."""
+    """What a tree step gives back for its R rows (the catch-up: its last row; an expansion: its own rows)."""
 
     tokens: np.ndarray      # int64 [R, K]: each row's top-K tokens, best first
-    logprobs: np.ndarray    # fp32 [R, K]: their log-probabilities under the head (temperature 1)
+    logprobs: np.ndarray    # fp32 [R, K]: their log-probabilities under the head or draft model (temperature 1)
     hidden: np.ndarray      # int64 [R]: where each row's output o is kept (a later HeadTreeRun.hidden)
-    rows: np.ndarray        # int64 [R]: the head cache row each row was written at
+    rows: np.ndarray        # int64 [R]: the cache row each row was written at
 
 
 def head_rows(cached: int, end: int, committed: int) -> tuple[int, int]:
@@ -140,11 +143,13 @@ class DraftEngine(ModelEngine, Protocol):
 
 
 class TreeDraftEngine(DraftEngine, Protocol):
-    """A draft head of the tree form (a tree pack's head_step.onnx): it also runs a token tree's rows."""
+    """A draft of the tree form (a tree pack's head_step.onnx, or its draft model's draft_step.onnx): it also runs a
+    token tree's rows."""
 
     tree_width: int         # K: the most children a node can get (the graph's TopK)
 
     def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
-        """run None: the catch-up to the committed length (rows from target features; its last row's top-K, the
-        root's children); else `run`'s own rows. The head cache advances over every row run."""
+        """run None: the catch-up to the committed length (a head: rows from target features; a draft model: the
+        committed tokens not yet cached; its last row's top-K, the root's children); else `run`'s own rows. The cache
+        advances over every row run."""
         ...

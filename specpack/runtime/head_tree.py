@@ -1,4 +1,5 @@
-"""A token tree drafted by a draft head, EAGLE-2's way (arXiv 2406.16858; docs/heads.md, "Trees drafted by the head").
+"""A token tree drafted by a draft head or a draft model, EAGLE-2's way (arXiv 2406.16858; docs/heads.md, "Trees
+drafted by the head"; docs/trees.md, "Trees drafted by the draft model").
 
     tokens, parents = head_tree(step, committed, budget, width, depth, eos_ids)
 
@@ -10,8 +11,11 @@ gives its own top-`width` children. After the last depth every drafted node is r
 parent is drafted before its children, so the kept set holds every kept node's ancestors. They are emitted in the order
 drafted, which is topological (parents[i] < i, -1: the root).
 
-The candidates are the head's top-w under its own distribution, a deterministic function of the context (the committed
-tokens and the target's features): the verify's deterministic rule is exact for them (docs/trees.md, "The rule").
+`step` is the drafter's tree step (engine.TreeDraftEngine.tree_step over one request): a head's (its rows read the
+committed rows from target features) or a draft model's (`committed` is then the committed length, so a run's position
+is the root's + the nodes' depth). The candidates are the head's (model's) top-w under its own distribution, a
+deterministic function of the context (the committed tokens, and a head's target features): the verify's
+deterministic rule is exact for them (docs/trees.md, "The rule").
 Expansions stop at an eos (nothing after it is emitted) and when `budget` rows were run (a tree of `budget` nodes has
 fewer inner nodes), so the head's rows fit its cache wherever the verify's fit the target's.
 """

@@ -6,7 +6,8 @@ Drafters: "model" (the pack's draft model; packs exported with one), "head" (the
 with --draft-head) and "ngram" (prompt lookup: every pack).
 k: None is "auto" (AdaptiveK, the default), an int N is N drafts every step (FixedK; 0: the target alone).
 tree: "auto" (the default) sizes token trees per step (TreePolicy) where the pack has a tree verify graph and the drafter
-drafts trees (the n-gram drafter, a tree pack's head); "off" drafts chains; N is N nodes every step (FixedTree).
+drafts trees (the n-gram drafter, a tree pack's head, a tree pack's draft model in its tree form); "off" drafts chains; N
+is N nodes every step (FixedTree).
 docs/trees.md.
 
 Thread safety (docs/architecture.md, "Threads"): one lock per Pack around each generation.
@@ -121,7 +122,7 @@ class Pack:
         self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(ngram)}
         if manifest.drafter == "model":
-            self.drafters["model"] = ModelDrafter(backend.draft)
+            self.drafters["model"] = ModelDrafter(backend.draft, chain_max=manifest.k_max)
         if manifest.drafter == "head":
             self.drafters["head"] = HeadDrafter(backend.draft, chain_max=manifest.k_max)
         self.default_drafter: str = manifest.drafter
@@ -237,23 +238,27 @@ class Pack:
         check_tree(tree, self.max_nodes)
         if isinstance(tree, int) and not self.trees_for(drafter, tree):
             raise SpecpackError(f"the {drafter} drafter drafts chains, not trees",
-                                expected="tree 'auto' or 'off' with this drafter, or drafter 'ngram' (its tries) "
-                                         "or 'head' (a tree pack's head) for a fixed tree",
+                                expected="tree 'auto' or 'off' with this drafter, or drafter 'ngram' (its tries) or "
+                                         "'head' / 'model' (a tree pack's head or draft model in its tree form) for a "
+                                         "fixed tree",
                                 found=f"tree {tree}, drafter {drafter!r}",
                                 hint="use --drafter ngram --tree N, or --k N for chains")
 
     def trees_for(self, drafter: str, tree: TreeOption) -> bool:
         """Whether a request drafts token trees: the pack verifies trees, the drafter drafts them (the n-gram drafter's
-        tries; a tree pack's head, EAGLE-2's trees; the model drafts chains), and its tree is not "off"."""
+        tries; a tree pack's head or draft model in its tree form, EAGLE-2's trees; a draft model without it drafts
+        chains), and its tree is not "off"."""
         return self.max_nodes > 0 and drafter in self._tree_widths() and tree != TREE_OFF
 
     def _tree_widths(self) -> dict[str, int]:
         """The drafters that draft trees here, each with the widest tree it drafts (the tree policy's width)."""
         ngram = self.drafters["ngram"]
         widths = {"ngram": ngram.config.width if isinstance(ngram, NgramDrafter) else 1}
-        head = self.manifest.head
+        head, draft = self.manifest.head, self.manifest.draft_model
         if head is not None and head.tree_width:  # a tree pack's head (head_tree.py)
             widths["head"] = head.tree_width
+        if draft is not None and draft.tree_width and "model" in self.drafters:  # a tree pack's draft model, tree form
+            widths["model"] = draft.tree_width
         return widths
 
     @property
@@ -270,7 +275,7 @@ class Pack:
         from `drafter` ("model" | "head" | "ngram"; None: the pack's own, the manifest's `drafter`).
 
         `tree`: "auto" (the default) drafts token trees sized per step where the pack has a tree verify graph and the
-        drafter drafts trees (the n-gram drafter, a tree pack's head), chains elsewhere; "off": chains; N: N nodes
+        drafter drafts trees (the n-gram drafter, a tree pack's head or draft model), chains elsewhere; "off": chains; N: N nodes
         every step (refused where the pack takes fewer, or no trees, or the drafter drafts chains; with a fixed k
         too). docs/trees.md.
 

@@ -162,9 +162,10 @@ class Draft(Generic[D]):
         return int(getattr(self.engine, "tree_width", 0))
 
     def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
-        """A head tree's run (engine.TreeDraftEngine): only a tree-form head's engine has it."""
+        """A tree's run (engine.TreeDraftEngine): only a tree-form head's or draft model's engine has it."""
         if not self.tree_width:
-            raise tree_refusal("this pack's draft (a tree needs a draft head exported with --max-tree-nodes)")
+            raise tree_refusal("this pack's draft (a tree needs a draft head or a draft model exported "
+                               "with --max-tree-nodes)")
         return cast("TreeDraftEngine", self.engine).tree_step(state, run)
 
 

@@ -3,7 +3,8 @@ tree form (export/builder_tree.py), its draft the builder's too (tiny qwen2, hea
 
 The manifest records the tree form as the torch path does (positions internal, exporter builder); the captured graphs
 read no host value as data. Greedy: transformers' target alone, with n-gram tries (tree auto, off, 2, 16), chains
-from the draft model (trees of width 1) and trees whose first child is always wrong (rows move every step), on the cpu
+from the draft model (trees of width 1), the draft model's own trees (its tree form on the builder's graph: its tree
+rows equal its chain's) and trees whose first child is always wrong (rows move every step), on the cpu
 backend and on the cuda backend's code (device="cpu"); seeded sampling: the same tokens on both; the chi-square test
 against the target's exact probabilities (slow), and the same test rejecting trees chosen by peeking at the uniforms.
 """
@@ -53,6 +54,9 @@ def test_the_manifest_records_the_builder_tree_form(pack_dir: Path) -> None:
     assert graph.tree is not None and graph.tree.max_nodes == 16 and graph.tree.rules == ["greedy", "deterministic"]
     assert (graph.exporter, graph.positions, graph.attention, graph.kv_cache) == ("builder", "internal", "gqa", "static")
     assert manifest.draft.graph.tree is None and manifest.draft.graph.exporter == "builder"
+    draft = manifest.draft  # the draft's tree form on the builder's graph (builder_tree.add_draft_tree_form)
+    assert draft.tree_width == 8 and draft.graph.positions == "internal"
+    assert {names.DRAFT_POSITIONS, names.DRAFT_MASK} <= {s.name for s in draft.graph.inputs}
     inputs = {s.name: s for s in graph.inputs}
     assert inputs[names.PARENTS].shape == [1, "tree_nodes"] and names.POSITION_IDS not in inputs
     assert names.DRAFT_PROBS not in inputs and names.KV_COMPACT_FILE in manifest.loaded_files()
@@ -79,8 +83,25 @@ def test_greedy_trees_and_chains_equal_the_target_alone(packs: tuple[Pack, Pack]
                 out = pack.generate(prompt, 24, drafter="ngram", tree=tree)
                 assert out.tokens == want, (prompt, tree)
                 proposed += out.stats["proposed"]
-            assert pack.generate(prompt, 24, k=4, drafter="model").tokens == want  # chains as trees of width 1
+            assert pack.generate(prompt, 24, k=4, drafter="model", tree="off").tokens == want  # chains as width 1
+            for tree in ("auto", 4, 16):  # the draft model's trees (docs/trees.md, "Trees drafted by the draft model")
+                out = pack.generate(prompt, 24, drafter="model", tree=tree)
+                assert out.tokens == want and out.stats["tree"], (prompt, tree)
     assert proposed > 0
+
+
+def test_the_builder_drafts_tree_rows_are_the_chains_rows(packs: tuple[Pack, Pack], pack_dir: Path) -> None:
+    """The draft's tree form on the builder's graph (GroupQueryAttention's position_ids and attention_bias from
+    draft_positions and draft_mask): every tree run's top-K equals the builder draft run as a chain from an empty cache
+    over the node's root path (tests/e2e/test_model_trees.py's check)."""
+    from specpack.runtime.state import TreeShape
+    from tests.e2e.test_model_trees import ChainCheckingDrafter
+
+    cpu = packs[0]
+    with specpack.load(pack_dir, threads=1) as reference:
+        drafter = ChainCheckingDrafter(cpu, TreeShape(3, 4), reference)
+        out = Pack(cpu.path, cpu.manifest, cpu.tokenizer, cpu.backend, drafter).generate(PROMPT, 12, tree=12)
+    assert out.stats["tree"] and drafter.checked >= 20, drafter.checked
 
 
 def test_accepted_siblings_move_the_rows_on_both_backends(packs: tuple[Pack, Pack],

@@ -1,5 +1,6 @@
-"""spec-export --max-tree-nodes: the forms it is refused for (exit 2: expected / found / hint), and a tiny tree pack's
-manifest (the tree record, kv_compact.onnx listed and hashed, verify.onnx's I/O)."""
+"""spec-export --max-tree-nodes: the forms it is refused for (exit 2: expected / found / hint), which draft models get
+the tree form, and a tiny tree pack's manifest (the tree record, kv_compact.onnx listed and hashed, verify.onnx's I/O,
+the draft's tree_width)."""
 
 from __future__ import annotations
 
@@ -56,6 +57,10 @@ def test_tree_pack_manifest(tiny_export) -> None:
     graph = manifest.target.graph
     assert graph.tree is not None and graph.tree.max_nodes == 16 and graph.tree.rules == ["greedy", "deterministic"]
     assert graph.kv_cache == "static" and manifest.draft.graph.tree is None
+    draft = manifest.draft  # the draft model in its tree form (docs/trees.md, "Trees drafted by the draft model")
+    assert draft.tree_width == 8 and manifest.target.tree_width == 0
+    assert [s.name for s in draft.graph.inputs][3:5] == [names.DRAFT_POSITIONS, names.DRAFT_MASK]
+    assert {s.name for s in draft.graph.outputs} >= {names.TREE_TOKENS, names.TREE_LOGPROBS}
     assert names.KV_COMPACT_FILE in {f.path for f in manifest.files} and names.KV_COMPACT_FILE in manifest.loaded_files()
     inputs = {s.name: s for s in graph.inputs}
     assert inputs[names.PARENTS].shape == [1, "tree_nodes"] and names.DRAFT_PROBS not in inputs
@@ -64,6 +69,18 @@ def test_tree_pack_manifest(tiny_export) -> None:
     # a chain pack of the same pair has none of it
     chain = Manifest.read(tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static"))
     assert chain.target.graph.tree is None and names.PARENTS not in {s.name for s in chain.target.graph.inputs}
+    assert chain.draft.tree_width == 0 and names.DRAFT_MASK not in {s.name for s in chain.draft.graph.inputs}
+
+
+@pytest.mark.parametrize(("options", "width"), [
+    ({"max_tree_nodes": 16}, 8), ({"max_tree_nodes": 3}, 3),  # K = TREE_WIDTH_MAX, at most the nodes
+    ({"max_tree_nodes": 0}, 0),  # no tree verify graph: the draft's chain form
+    ({"max_tree_nodes": 16, "graphs": "builder"}, 8),  # the builder's draft too (builder_tree.add_draft_tree_form)
+    ({"max_tree_nodes": 16, "drafter": "ngram"}, 0),  # no draft model
+])
+def test_which_drafts_get_the_tree_form(options: dict[str, object], width: int) -> None:
+    assert ExportConfig(kv_cache="static", **options).draft_tree_width(256) == width  # type: ignore[arg-type]
+    assert ExportConfig(kv_cache="static", max_tree_nodes=16).draft_tree_width(5) == 5  # at most the vocabulary
 
 
 def test_tree_refuses_a_sliding_window_that_binds() -> None:

@@ -1,5 +1,6 @@
 """Pre-capture (runtime/backends/cuda_precapture.py) on the cuda backend's code, run on the CPU EP: every shape a
-greedy request runs (chains; a tree pack's trees: its tree verifies, kv_compact.onnx and the head's tree runs) was
+greedy request runs (chains; a tree pack's trees: its tree verifies, kv_compact.onnx and the head's or draft model's
+tree runs) was
 already run at load, so no graph is captured mid-request on a GPU; the tokens are unchanged (the dummy rows are
 dropped) and each slot's cache is empty after load.
 
@@ -105,8 +106,9 @@ def test_a_tree_pack_precaptures_its_chains_and_keeps_its_tokens(tiny_export: Ca
 
 # The tree packs (the tree_packs fixture), each with the drafter of its trees. "head": a head tree pack (k 4, 16 nodes,
 # max_len 256, the head's K 8: tests/e2e/test_head_trees.py's); "lookup": a prompt-lookup tree pack (no draft model nor
-# head; k 4, 16 nodes, max_len 64: tests/gpu/test_cuda_gpu.py's, fp32).
-TREE_PACKS = {"head": "head", "lookup": "ngram"}
+# head; k 4, 16 nodes, max_len 64: tests/gpu/test_cuda_gpu.py's, fp32); "model": a draft model's tree pack (k 4, 16
+# nodes, max_len 64, the draft's K 8: tests/e2e/test_model_trees.py's).
+TREE_PACKS = {"head": "head", "lookup": "ngram", "model": "model"}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +116,8 @@ def tree_packs(tiny_head_pack: Callable[..., tuple[Path, Path, Path]], tiny_expo
                ) -> dict[str, Path]:
     return {"head": tiny_head_pack("qwen2", kv_cache="static", max_tree_nodes=16)[0],
             "lookup": tiny_export("qwen2", None, k=4, max_len=64, kv_cache="static", drafter="ngram",
-                                  max_tree_nodes=16)}
+                                  max_tree_nodes=16),
+            "model": tiny_export("qwen2", "small", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)}
 
 
 def _tree_requests(pack: Pack) -> list[tuple[Any, Any]]:
@@ -196,6 +199,8 @@ def test_a_tree_pack_runs_no_new_shape_after_load(tree_packs: dict[str, Path], k
         assert {t for _, t in used["kv_compact"]} >= set(sizes)
         if kind == "head":
             assert any(key[1] == "tree" and key[3] for key in used["draft"])  # the head's expansions (slot, "tree", C, W)
+        if kind == "model":
+            assert any(key[3:4] == ("tree",) for key in used["draft"])  # the draft's expansions (slot, greedy, W, "tree", W)
     finally:
         cpu.close()
         dev.close()

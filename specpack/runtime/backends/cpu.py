@@ -4,7 +4,8 @@
       OrtTarget  the VerifyEngine of verify.onnx: one KV cache per slot (static or concat, by the graph's
                  form), n_accepted / next_token [1] per slot
       OrtDraft   the DraftEngine of draft_step.onnx (opened on first use; at load for a pinned pack): a cache,
-                 q [1, k_max, V] and token [1] per slot
+                 q [1, k_max, V] and token [1] per slot; a tree pack's draft model in its tree form also runs token
+                 trees' rows (tree_step: docs/trees.md, "Trees drafted by the draft model")
     The verify and draft policy above them (pad rows, one-hot q, rollback) is runtime/target.py's.
 
 Every input is a view bound by pointer (IOBinding): input_ids is state.ids[None, cached:end], the drafts
@@ -38,7 +39,7 @@ from specpack.runtime.engine import (
     tree_refusal,
 )
 from specpack.runtime.graph_check import check_graph_matches
-from specpack.runtime.head_tree_rows import HeadTreeBuffers
+from specpack.runtime.head_tree_rows import HeadTreeBuffers, draft_tree_buffers
 from specpack.runtime.kv_cache import ConcatKVCache, KVCache
 from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, VerifyResult
@@ -103,20 +104,48 @@ class _OrtModel:
 
 
 class OrtDraft(_OrtModel):
-    """The DraftEngine of draft_step.onnx: S new tokens in, one drawn token and its distribution q out."""
+    """The DraftEngine of draft_step.onnx: S new tokens in, one drawn token and its distribution q out. In the draft's
+    tree form (a tree pack's draft model: docs/trees.md, "Trees drafted by the draft model") also a TreeDraftEngine:
+    a chain step binds no own row (W = 0: the chain form's rows, bit for bit), `tree_step` a token tree's runs."""
 
     def __init__(self, graph: OrtGraph, caches: list[KVCache], constants: Constants, k_max: int, vocab_size: int,
-                 positions: bool = True) -> None:
+                 positions: bool = True, tree: HeadTreeBuffers | None = None) -> None:
+        """tree: the tree form's buffers (hidden 0; None: a chain draft)."""
         super().__init__(graph, caches, constants, positions)
         self._q = [np.zeros((1, k_max, vocab_size), np.float32) for _ in caches]  # [1, k_max, V] per slot
         self._token = [np.zeros(1, np.int64) for _ in caches]                     # [1] per slot
+        self.tree = tree
+        self.tree_width = 0 if tree is None else tree.width  # K; 0: chains only
 
     def step(self, state: DecodeState, end: int, row: int) -> int:
         token, q = self._token[state.slot], self._q[state.slot]
-        self._run(state, end,
-                  {names.UNIFORM: state.uniforms.draft[row : row + 1]},  # [1]
-                  {names.TOKEN: token, names.PROBS: q[:, row]})          # [1], [1, V]
+        inputs: dict[str, np.ndarray] = {names.UNIFORM: state.uniforms.draft[row : row + 1]}  # [1]
+        outputs: dict[str, np.ndarray] = {names.TOKEN: token, names.PROBS: q[:, row]}         # [1], [1, V]
+        if self.tree is not None:  # the tree form run as a chain: no own row, the last row's top-K (unread)
+            inputs.update(self.tree.chain_inputs(state.slot, end, 0))
+            outputs.update(self.tree.outputs(state.slot, 0, 0))
+        self._run(state, end, inputs, outputs)
         return int(token[0])
+
+    def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
+        """A token tree's run (engine.TreeDraftEngine): run None, the catch-up over the committed tokens not yet cached
+        (its last row's top-K: the root's children); else `run`'s own rows, one per node expanded, its tokens written
+        into state.ids at their cache rows (past the committed ones: the proposal overwrites them)."""
+        tree = self.tree
+        if tree is None:
+            raise tree_refusal("this pack's draft model (exported without the tree form)")
+        slot, start = state.slot, self.caches[state.slot].length
+        index = tree.next_run(slot, run)
+        if run is None:
+            end, w = state.length, 0
+            own = tree.chain_inputs(slot, end, 0)
+        else:
+            end, w = start + len(run.tokens), len(run.tokens)
+            state.ids[start:end] = run.tokens
+            own = tree.row_inputs(slot, run, start)
+        self._run(state, end, {names.UNIFORM: state.uniforms.draft[:1], **own},  # the drawn token is not read
+                  {names.TOKEN: self._token[slot], names.PROBS: self._q[slot][:, 0], **tree.outputs(slot, index, w)})
+        return tree.top_rows(slot, index, w, start if w else end - 1)
 
     def q(self, state: DecodeState, k: int) -> np.ndarray:
         return self._q[state.slot][:, :k]  # [1, k, V]
@@ -315,7 +344,7 @@ class OrtBackend(EngineBackend[OrtTarget, OrtDraft | OrtHead]):
             return OrtHead(self._graph(head), caches, self.constants, self.features, m.k_max, m.vocab_size, head.hidden,
                            dtype, tree)
         return OrtDraft(self._graph(m.draft), self._caches(m.draft), self.constants, m.k_max, m.vocab_size,
-                        _feeds_positions(m.draft))
+                        _feeds_positions(m.draft), draft_tree_buffers(m, self.options.slots))
 
     def batched_engines(self, max_batch: int) -> BatchedEngines | None:
         """The pack's batched graphs (spec-export --max-batch) opened for up to max_batch rows: the batched target

@@ -5,7 +5,8 @@
                     q scratch; for a tree verify graph parents [1, T] per T, path [1, T_max + 1] and kv_compact.onnx
                     (the accepted rows moved on the device, one binding per (slot, T): docs/trees.md)
       DeviceDraft   the DraftEngine of draft_step.onnx (opened on first use); per slot a cache, q [1, k_max, V],
-                    token [1]
+                    token [1]; a tree pack's draft model in its tree form also runs token trees' rows (tree_step,
+                    its device buffers in cuda_draft_tree.py)
       DeviceHead    the DraftEngine of a static head_step.onnx (backends/cuda_head.py), over the target's features
                     cache: a head pack's verify writes its features in place, like its KV cache
     The verify and draft policy above them (pad rows, one-hot q, rollback) is runtime/target.py's.
@@ -47,7 +48,7 @@ from specpack.errors import SpecpackError
 from specpack.limits import numpy_dtype
 from specpack.runtime.backend import BackendOptions
 from specpack.runtime.device_buffers import DeviceArray, DeviceStaticKVCache, DeviceView, bind
-from specpack.runtime.engine import TreeResult, VerifyRun, feature_buffer_shape, tree_refusal
+from specpack.runtime.engine import HeadTreeRun, TopRows, TreeResult, VerifyRun, feature_buffer_shape, tree_refusal
 from specpack.runtime.graph_check import check_graph_matches
 from specpack.runtime.ort_session import EXTERNAL_DATA_FOLDER
 from specpack.runtime.state import DecodeState, VerifyResult
@@ -249,7 +250,7 @@ class _DeviceModel(SlotSessions[_Slot]):
             slot.positions[n] = DeviceArray((1, n), np.int64, self.device)
         return slot.ids[n], slot.positions[n]
 
-    def _run(self, state: DecodeState, end: int, key: tuple[int, ...], inputs: dict[str, DeviceView],
+    def _run(self, state: DecodeState, end: int, key: tuple[int | str, ...], inputs: dict[str, DeviceView],
              outputs: dict[str, DeviceView], chunks: bool = True) -> None:
         """Run over state.ids[cached:end]. `inputs` / `outputs`: the head's buffers, at fixed addresses for a
         greedy run (bound once per run shape), rebound every run when sampling. chunks: a long run may go as
@@ -296,14 +297,24 @@ class _DeviceModel(SlotSessions[_Slot]):
 
 
 class DeviceDraft(_DeviceModel):
-    """draft_step.onnx: S new tokens in, one drawn token (read back) and its q (left on the device) out."""
+    """draft_step.onnx: S new tokens in, one drawn token (read back) and its q (left on the device) out. In the draft's
+    tree form (a tree pack's draft model: docs/trees.md, "Trees drafted by the draft model") also a TreeDraftEngine:
+    a chain step binds no own row (cuda_draft_tree.py's W = 0 views), `tree_step` a token tree's runs."""
 
     def __init__(self, backend: CudaBackend, entry: ModelEntry) -> None:
         super().__init__(backend, entry)
-        k_max = backend.manifest.k_max
+        m = backend.manifest
+        k_max = m.k_max
         self._q = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]  # [1, k_max, V]
         self._token = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]               # [1]
         self._uniform = [DeviceArray((1,), np.float32, self.device) for _ in self.slots]           # [1]
+        from specpack.runtime.backends.cuda_draft_tree import DraftTreeSlot
+        from specpack.runtime.head_tree_rows import draft_tree_buffers
+
+        self.tree = draft_tree_buffers(m, len(self.slots))  # the host side of tree runs (None: chains only)
+        self.tree_width = 0 if self.tree is None else self.tree.width  # K
+        self._tree = [DraftTreeSlot.allocate(self.tree_width, m.max_len, self.device)
+                      for _ in self.slots] if self.tree is not None else []
 
     def step(self, state: DecodeState, end: int, row: int) -> int:
         slot, q, uniform = self.slots[state.slot], self._q[state.slot], self._uniform[state.slot]
@@ -311,9 +322,43 @@ class DeviceDraft(_DeviceModel):
             uniform.write(state.uniforms.draft[row : row + 1])
         # greedy: one fixed row (a captured graph keeps its addresses); the greedy verify never reads q
         probs = q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab)  # [1, V]
-        self._run(state, end, (), {names.UNIFORM: uniform.view()},
-                  {names.TOKEN: self._token[state.slot].view(), names.PROBS: probs})
+        inputs, outputs = self._chain_views(state.slot, probs)
+        self._run(state, end, (), inputs, outputs)
         return int(self._token[state.slot].read()[0])
+
+    def _chain_views(self, i: int, probs: DeviceView) -> tuple[dict[str, DeviceView], dict[str, DeviceView]]:
+        """What a chain step binds (the tree form: no own row, the last row's top-K)."""
+        inputs, outputs = {names.UNIFORM: self._uniform[i].view()}, {names.TOKEN: self._token[i].view(), names.PROBS: probs}
+        if self._tree:
+            inputs |= self._tree[i].inputs(0)
+            outputs |= self._tree[i].outputs(0)
+        return inputs, outputs
+
+    def tree_step(self, state: DecodeState, run: HeadTreeRun | None) -> TopRows:
+        """A token tree's run (engine.TreeDraftEngine), as OrtDraft.tree_step: run None, the catch-up (a greedy chain
+        step's binding and captured graph: its top-K read back); else `run`'s W own rows (their positions and masks
+        uploaded, one binding and graph per W). The host builds the inputs (head_tree_rows.HeadTreeBuffers)."""
+        host = self.tree
+        if host is None:
+            raise tree_refusal("this pack's draft model (exported without the tree form)")
+        i, slot = state.slot, self.slots[state.slot]
+        start, device = slot.cache.length, self._tree[i]
+        index = host.next_run(i, run)
+        if run is None:  # the catch-up over the committed tokens not yet cached
+            end, w = state.length, 0
+            self._run(state, end, (), *self._chain_views(i, self._q[i].view((1, self.vocab))))
+        else:
+            end, w = start + len(run.tokens), len(run.tokens)
+            state.ids[start:end] = run.tokens  # past the committed tokens: the proposal overwrites them
+            host.row_inputs(i, run, start)  # fills the host buffers, uploaded whole (the first W rows are bound)
+            device.positions.write(host.positions[i])
+            device.mask.write(host.mask[i])
+            self._run(state, end, ("tree", w), {names.UNIFORM: self._uniform[i].view(), **device.inputs(w)},
+                      {names.TOKEN: self._token[i].view(), names.PROBS: self._q[i].view((1, self.vocab)),
+                       **device.outputs(w)}, chunks=False)
+        host.tokens[i][index, : w + 1] = device.tokens.read()[0, : w + 1]
+        host.logprobs[i][index, : w + 1] = device.logprobs.read()[0, : w + 1]
+        return host.top_rows(i, index, w, start if w else end - 1)
 
     def q(self, state: DecodeState, k: int) -> DeviceView:
         return self._q[state.slot].view((1, k, self.vocab))  # [1, k, V] on the device

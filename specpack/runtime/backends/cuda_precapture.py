@@ -28,6 +28,8 @@ S is the engine's short_max: k_max + 1, or a tree pack's T_max + 1. A tree pack 
                 ("tree", 0, W) for W in
                 1 .. K, an expansion of W nodes at one depth (K: the head's tree width, at most T_max), each after a
                 one-row catch-up (a replay), as at a tree's depth 2
+    draft       a tree-form draft model's expansions (docs/trees.md, "Trees drafted by the draft model"): ("tree", W)
+                for W in 1 .. K, each after a one-row catch-up (a chain step's shape: its catch-ups are the chain's)
 
 Counted per slot for the GPU's tree packs (bench/gpu_head.py: k_max 8, T_max 16; a head's K 8): the chains' 54 verify
 shapes (108 runs) and the head's 22 (44 runs), 76 shapes, as a chain head pack's 68 plus the prefills of 10 .. 17 rows;
@@ -176,6 +178,29 @@ def precapture_draft(draft: DeviceDraft | DeviceHead, max_len: int, k_max: int) 
         _set_half(draft, i, 0)
     if isinstance(draft, DeviceHead) and draft.tree_width:
         runs += precapture_head_tree(draft, max_len, k_max)
+    if isinstance(draft, DeviceDraft) and draft.tree_width:
+        runs += precapture_draft_tree(draft, max_len, k_max)
+    return runs
+
+
+def precapture_draft_tree(draft: DeviceDraft, max_len: int, k_max: int) -> int:
+    """Runs a tree-form draft model's expansions of W in 1 .. K own rows CAPTURE_RUNS times on every slot, each after a
+    one-row catch-up (a chain step's shape, captured above; a tree's first run); returns the runs."""
+    runs, start = 0, _start(max_len, draft.short_max + draft.tree_width)
+    for i in range(len(draft.slots)):
+        state = _dummy_state(max_len, k_max, i)
+        draft.reset(state)
+        cache = draft.cache(i)
+        state.length = start + 1  # a catch-up of one row, then W own rows at depth 1 reading it
+        for w in range(1, draft.tree_width + 1):
+            run = HeadTreeRun(tokens=np.zeros(w, np.int64), hidden=np.zeros(w, np.int64), position=start + 1,
+                              committed=start + 1, ancestors=np.zeros((w, 0), np.int64))
+            for _ in range(CAPTURE_RUNS):
+                _at(cache, start)
+                draft.tree_step(state, None)
+                draft.tree_step(state, run)
+                runs += 2
+        cache.rollback(0)
     return runs
 
 
