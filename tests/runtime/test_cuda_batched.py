@@ -180,3 +180,21 @@ def test_the_manifest_checks_the_batched_caches_dtype(batched_pack: tuple[Path, 
             spec["dtype"] = "float16"
     with pytest.raises(ValidationError, match="while dtype fp32 needs float32"):
         Manifest.model_validate(data)
+
+
+def test_only_slot_0_is_precaptured_where_batched_graphs_take_the_rows(batched_pack: tuple[Path, Manifest],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Loaded for several rows, a pack with batched graphs runs the per-slot shapes at load on slot 0 alone (the lone
+    request's; the batched engines decode a batch's rows); without batched graphs, on every slot."""
+    from specpack.runtime.backends import cuda
+
+    pack_dir, m = batched_pack
+    verified: list[int] = []
+    verify = cuda.DeviceTarget.verify
+    monkeypatch.setattr(cuda.DeviceTarget, "verify", lambda self, run: verified.append(run.state.slot) or verify(self, run))
+    unbatched = m.model_copy(update={"target": m.target.model_copy(update={"batched": None})})
+    for manifest, want in ((m, {0}), (unbatched, {0, 1})):
+        verified.clear()
+        backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=2, threads=1), device="cpu", precapture=True)
+        assert backend.precapture_slots == len(want) and set(verified) == want, (sorted(set(verified)), want)
+        backend.close()

@@ -510,6 +510,8 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         self.cuda_graphs = cuda_graphs and options.cuda_graphs and device == "cuda"
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
         self.precapture = self.cuda_graphs and options.precapture if precapture is None else precapture
+        # the slots whose shapes precapture runs: slot 0 alone where batched graphs take a batch's rows (cuda_precapture)
+        self.precapture_slots = 1 if manifest.target.batched is not None and options.slots > 1 else options.slots
         self.drafts_max = manifest.k_max if tree is None else tree.max_nodes  # the most drafts (nodes) a verify takes
         width = manifest.max_len + self.drafts_max + 1
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run

@@ -38,6 +38,10 @@ the 14 verifies of T <= 8 replay chain shapes) and the head's 18 tree shapes (52
 replayed before an expansion): 41 shapes, 112 runs more per slot (a prompt-lookup tree pack, no head: 23 shapes, 60
 runs). Not measured on a GPU: at Run H's rate (8.2 s for the head pack's 68 shapes on one slot, an H100) the trees would
 add about 5 s per slot, an extrapolation.
+Slots: every slot (CudaBackend.precapture_slots), but slot 0 alone where a pack with batched graphs is loaded for
+several rows (BackendOptions.slots > 1): there the batched engines decode every row of a batch (docs/batching.md, "On
+the GPU"), and the per-slot engines serve a lone request (slot 0) and a sampling row's drafts (never captured), so the
+other slots' shapes would only cost load time (at 64 slots, minutes).
 Only the greedy form captures; sampling runs are never captured. The rows written are garbage and dropped: each slot's
 caches are empty afterwards, as at load (the features cache of a head pack holds garbage rows, as after any request:
 the verify writes a row's features before the head reads it).
@@ -108,7 +112,7 @@ def precapture_target(target: DeviceTarget, max_len: int, k_max: int) -> int:
     """Runs every target_shapes shape CAPTURE_RUNS times on every slot, and a tree pack's tree shapes
     (precapture_tree_target); returns the runs."""
     runs, start = 0, _start(max_len, target.short_max)
-    for i in range(len(target.slots)):
+    for i in range(target.backend.precapture_slots):
         state = _dummy_state(max_len, k_max, i)
         target.reset(state)
         cache = target.cache(i)
@@ -129,7 +133,7 @@ def precapture_tree_target(target: DeviceTarget, max_len: int, k_max: int) -> in
     each compaction right after a verify of its T nodes (the mask and path it reads); returns the runs."""
     runs, start = 0, _start(max_len, target.short_max)
     nodes = sorted({t for _, t in tree_shapes(k_max, target.tree_nodes)} | set(compacted_nodes(target.tree_nodes)))
-    for i in range(len(target.slots)):
+    for i in range(target.backend.precapture_slots):
         state = _dummy_state(max_len, k_max, i)
         target.reset(state)
         cache = target.cache(i)
@@ -153,7 +157,7 @@ def precapture_draft(draft: DeviceDraft | DeviceHead, max_len: int, k_max: int) 
     from specpack.runtime.backends.cuda_head import DeviceHead
 
     runs, start = 0, _start(max_len, draft.short_max)
-    for i in range(len(draft.slots)):
+    for i in range(draft.backend.precapture_slots):
         state = _dummy_state(max_len, k_max, i)
         draft.reset(state)
         cache = draft.cache(i)
@@ -187,7 +191,7 @@ def precapture_draft_tree(draft: DeviceDraft, max_len: int, k_max: int) -> int:
     """Runs a tree-form draft model's expansions of W in 1 .. K own rows CAPTURE_RUNS times on every slot, each after a
     one-row catch-up (a chain step's shape, captured above; a tree's first run); returns the runs."""
     runs, start = 0, _start(max_len, draft.short_max + draft.tree_width)
-    for i in range(len(draft.slots)):
+    for i in range(draft.backend.precapture_slots):
         state = _dummy_state(max_len, k_max, i)
         draft.reset(state)
         cache = draft.cache(i)
@@ -209,7 +213,7 @@ def precapture_head_tree(head: DeviceHead, max_len: int, k_max: int) -> int:
     LONG_CHUNK chunk (the captured ones), and expansions of W in 1 .. K own rows, each after a one-row catch-up (a
     tree's first run: its buffers' run index starts again there); returns the runs."""
     runs, start = 0, _start(max_len, head.short_max + head.tree_width)
-    for i in range(len(head.slots)):
+    for i in range(head.backend.precapture_slots):
         state = _dummy_state(max_len, k_max, i)
         head.reset(state)
         cache = head.cache(i)
