@@ -23,8 +23,8 @@ for all:
   cN-auto    N closed-loop clients (threads: submit, wait for the result, submit the next), pack.start_batching
   cN-k0      (max_batch N, or --max-batch B for every N: a server started once), k auto (BatchKCap) and k 0; one
              load per N, both k run on it after a warm-up of N short requests at each k. N = 1: the scheduler over
-             the per-slot graphs (start_batching uses the batched engines only above one row). N > 1: loaded without
-             precapture (--precapture: with it, as `serve` loads; load_s says what it costs), see run_clients
+             the per-slot graphs (start_batching uses the batched engines only above one row). Loaded as `serve`
+             loads (the per-slot shapes pre-captured on slot 0 alone above one row; --no-precapture: none), run_clients
   c1-bB-auto one client, k auto, on a batcher of --solo-max-batch rows (16): a batching server's lone request (its
              row runs through the batched graphs at batch 1), against `alone` (the issue's "at 1 client")
 Per configuration: aggregate throughput (new tokens over the wall time from the first submit to the last result),
@@ -185,7 +185,8 @@ class MemorySampler:
 def open_pack(pack_dir: Path, device: str, slots: int, precapture: bool = True) -> Any:
     """The pack on the cuda backend: on the card (specpack.load), or with device "cpu" the same backend's code on the
     CPU EP (the dry run; as tests/runtime/test_cuda_batched.py opens it: the cpu backend refuses fp16 packs).
-    precapture: every per-slot chain shape run at load, on every slot (backends/cuda_precapture.py)."""
+    precapture: every per-slot chain shape run at load (backends/cuda_precapture.py: every slot, or slot 0 alone for a
+    pack with batched graphs above one slot)."""
     import specpack
     from specpack.runtime.backend import BackendOptions
 
@@ -349,10 +350,9 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
 
     max_batch = max_batch or args.max_batch or clients
     suffix = "" if max_batch == clients else f"-b{max_batch}"
-    # max_batch > 1: the batched engines run every greedy row's verify, prefill and draft; the per-slot graphs that
-    # precapture would capture on each of the max_batch slots (about 56 shapes a slot for this pack; Run H: 8.2 s for
-    # 68 shapes on one slot, so minutes at 64 slots) serve only sampling drafts, none here. --precapture: as serve does
-    precapture = max_batch == 1 or args.precapture
+    # as `serve` loads: every per-slot chain shape pre-captured, on slot 0 alone where the batched engines take the rows
+    # (max_batch > 1: backends/cuda_precapture.py); --no-precapture: none (load_s says what it costs)
+    precapture = not args.no_precapture
     n = max(args.min_requests, args.requests_per_client * clients)
     results = []
     memory = MemorySampler(args.device == "cuda")
@@ -499,8 +499,9 @@ def main() -> None:
                         help="the batcher's max_batch for every N (0: N, the clients; a server started once: 64)")
     parser.add_argument("--solo-max-batch", type=int, default=16,
                         help="also 1 client, k auto, on a batcher of this many rows (c1-bB-auto; 0 or 1: not run)")
-    parser.add_argument("--precapture", action="store_true",
-                        help="precapture every slot's per-slot shapes at load for max_batch > 1 too (what `serve` does)")
+    parser.add_argument("--no-precapture", action="store_true",
+                        help="no per-slot shape pre-captured at load (serve pre-captures them, on slot 0 alone for a "
+                             "batched pack above one row)")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
