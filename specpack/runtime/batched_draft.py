@@ -21,10 +21,18 @@ class BatchedGreedyDrafter:
 
     def __init__(self, engine: BatchedGreedyTarget) -> None:
         self.engine = engine
+        self._fresh: set[int] = set()  # slots whose request has not drafted yet (its prefill waits for that)
 
     def begin(self, state: DecodeState) -> None:
-        """The draft's prefill: the prompt (state.ids[: length - 1]) at batch 1."""
+        """A new request: its draft prefill waits for its first proposal (as ModelDrafter's: a row that never drafts,
+        e.g. capped to k 0 by the batch, never pays for it)."""
         self._check(state)
+        self._fresh.add(state.slot)
+
+    def _prefill(self, state: DecodeState) -> None:
+        """The draft's prefill at a request's first proposal: every committed token but the last (state.ids[: length
+        - 1]) at batch 1, in a run of its own (in the batch's run it would pad every row to its length)."""
+        self._fresh.discard(state.slot)
         self.engine.lengths[state.slot] = 0
         self.engine.run({state.slot: state.ids[: state.length - 1]})
         self.engine.lengths[state.slot] = state.length - 1
@@ -42,6 +50,8 @@ class BatchedGreedyDrafter:
         drafted = {state.slot: 0 for state, _ in rows}
         for state, _ in rows:
             self._check(state)
+            if state.slot in self._fresh:
+                self._prefill(state)
         for j in range(max((k for _, k in rows), default=0)):
             feeds = {}
             for state, k in rows:

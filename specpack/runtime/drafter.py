@@ -25,7 +25,8 @@ from specpack.runtime.state import DecodeState, Proposal
 class Drafter(Protocol):
     def begin(self, state: DecodeState) -> None:
         """A new request: state.ids[:state.length] are committed (the prompt and the first token).
-        Called once, after the target's prefill, and only when the k policy may ask for drafts."""
+        Called once, after the target's prefill, and only when the k policy may ask for drafts; it runs nothing (a
+        drafter's own prefill is its first proposal's catch-up: the first token never waits for it)."""
         ...
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
@@ -43,7 +44,9 @@ class ModelDrafter:
 
     The draft's cache trails the committed tokens: after a step it holds the committed tokens and all but
     the last draft; at the next step it catches up by feeding S >= 1 tokens (S = 2 after all k drafts
-    were accepted: the last draft and the bonus token).
+    were accepted: the last draft and the bonus token). Its prefill is the first proposal's catch-up (every committed
+    token, in one run): nothing of the draft runs before the first token, and a request that never drafts (k 0
+    throughout, e.g. capped by a batch) never pays for it.
     Where a tree policy sets the step's shape (state.tree; a tree pack's draft model in its tree form) it drafts
     EAGLE-2's dynamic tree (head_tree.py) instead of a chain: deterministic candidates (q None). A greedy request's
     tree of width 1 within the chain's range (k <= chain_max) is the chain of the draft's argmaxes, drafted as a chain:
@@ -57,14 +60,16 @@ class ModelDrafter:
         self.model = model
         self.chain_max = chain_max
         self._kept: dict[int, int] = {}  # slot -> the draft cache's rows to keep after a tree's verify
+        self._fresh: set[int] = set()    # slots whose request has not drafted yet: their cache is reset then
 
     def begin(self, state: DecodeState) -> None:
-        model = self.model()
-        model.reset(state)
         self._kept.pop(state.slot, None)
-        model.step(state, end=state.length - 1, row=0)  # the prompt's prefill, part of the first token's time
+        self._fresh.add(state.slot)  # the draft's prefill waits for the first proposal (the class docstring)
 
     def propose(self, state: DecodeState, k: int) -> Proposal:
+        if state.slot in self._fresh:  # a request's first proposal: its first run catches up on every committed token
+            self._fresh.discard(state.slot)
+            self.model().reset(state)
         if self._drafts_tree(state, k):
             self._kept[state.slot] = state.length  # the catch-up's rows: the committed tokens; the tree's go after
             return self._tree(state, k, state.length)

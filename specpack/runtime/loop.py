@@ -87,7 +87,7 @@ class Decoding:
         result = self.target.verify(state, NO_DRAFTS)
         self._emit(state.commit(result.n_accepted, result.next_token))
         if self.policy.k_max > 0 and not state.finished:
-            self.drafter.begin(state)  # the draft's prefill belongs to the first token's time too
+            self.drafter.begin(state)  # cheap: a draft model's prefill is its first proposal's catch-up
         self.t_first = self.clock()
         state.stats.ttft_s = self.t_first - self.t0
 

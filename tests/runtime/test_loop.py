@@ -61,8 +61,8 @@ def test_draft_catches_up_after_full_acceptance() -> None:
     # 1 target prefill + one verify per 4 tokens; the draft runs k times per step
     assert backend.target().engine.calls == 1 + 29 // 4 + (29 % 4 > 0)
     draft = backend.draft().engine
-    assert draft.new_tokens[0] == 3  # its prefill: the prompt (the first token comes with the first step)
-    assert draft.new_tokens[1:4] == [1, 1, 1] and draft.new_tokens[4] == 2  # all 3 accepted: catch-up
+    assert draft.new_tokens[0] == 4  # its prefill: the first proposal's catch-up, the prompt and the first token
+    assert draft.new_tokens[1:3] == [1, 1] and draft.new_tokens[3] == 2  # all 3 accepted: catch-up
 
 
 def test_autoregressive_never_opens_the_draft() -> None:
@@ -72,6 +72,19 @@ def test_autoregressive_never_opens_the_draft() -> None:
     assert state.out == greedy_reference(t, [7], 20, frozenset())
     assert state.stats.proposed == 0 and state.stats.steps == 19
     assert not backend.draft_loaded
+
+
+def test_the_drafts_prefill_waits_for_its_first_proposal() -> None:
+    """The draft runs nothing before the first token: a request whose policy may draft but never does never opens it;
+    one that drafts from its third step catches up on every committed token in its first run (its prefill)."""
+    t = _table(5)
+    backend = bigram_backend(t, t)
+    state, _ = run(backend, [7, 8], 12, ScriptedK([0] * 20 + [3]))
+    assert state.out == greedy_reference(t, [7, 8], 12, frozenset())
+    assert not backend.draft_loaded
+    state, _ = run(backend, [7, 8], 12, ScriptedK([0, 0, 2]))
+    assert state.out == greedy_reference(t, [7, 8], 12, frozenset())
+    assert backend.draft().engine.new_tokens[0] == 2 + 3  # the prompt, the first token and two plain steps' tokens
 
 
 def test_seeded_sampling_is_reproducible() -> None:
@@ -122,8 +135,8 @@ def test_k_from_a_policy_changes_every_step(sampled: bool) -> None:
         verified.append(k)
     assert emitted == 45
     assert state.stats.proposed == sum(verified) and state.stats.proposed_at[7] == verified.count(8)
-    # the draft ran only for the k > 0 steps: its prefill, then k steps each (catch-ups included)
-    assert backend.draft().engine.calls == 1 + sum(verified)
+    # the draft ran only for the k > 0 steps: k steps each (catch-ups included; its prefill is the first one's)
+    assert backend.draft().engine.calls == sum(verified)
 
 
 def test_a_policy_out_of_range_is_refused() -> None:
