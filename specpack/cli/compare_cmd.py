@@ -39,7 +39,7 @@ def compare_command(pack: Path, prompt: str | None, prompt_file: Path | None, ma
     # both requests checked before the load: a bad option fails at once
     baseline = GenerateRequest.of(text, max_new_tokens, k=0, chat=chat)
     speculative = GenerateRequest.of(text, max_new_tokens, k=parse_k(k_text), drafter=drafter, chat=chat)
-    loaded, _ = load_pack_visibly(pack, threads=threads)
+    loaded, _ = load_pack_visibly(pack, threads=threads, drafter=drafter, drafts=speculative.k != 0)
     with loaded:
         click.echo(f"[specpack] 1/2 the target alone (k 0), the baseline: {max_new_tokens} tokens at most ...", err=True)
         alone = loaded.generate_request(baseline)
@@ -63,6 +63,6 @@ def comparison(alone: dict[str, Any], spec: dict[str, Any], *, identical: bool) 
     ]
     lines = [f"  {a:<16} {b:>14}   {c}" for a, b, c in rows]
     lines.append("  same tokens as the target alone: " + ("yes" if identical else "no (sampling, or a numerical near-tie)"))
-    lines.append("  (the speculative run's first token includes opening the draft model on its first use; one prompt is "
+    lines.append("  (the draft opened with the pack; its prefill is in the speculative decode's time; one prompt is "
                  "one sample: `specpack bench` gives medians)")
     return "\n".join(lines)

@@ -77,7 +77,8 @@ def generate_command(pack: Path, prompt: str | None, prompt_file: Path | None, m
     # the request is checked before the pack loads; the pack's limits then
     ngram = ngram_config(ngram_min, ngram_max, ngram_width)
     loaded, load_s = load_pack_visibly(pack, quiet=as_json, device=device, threads=threads,
-                                       manifest_sha256=manifest_sha256, ngram=ngram)
+                                       manifest_sha256=manifest_sha256, ngram=ngram, drafter=drafter,
+                                       drafts=request.k != 0)
     out = loaded.generate_request(request, on_text=None if as_json else _print_piece)
     if as_json:
         click.echo(json.dumps({"tokens": out.tokens, "text": out.text, "finish_reason": out.finish_reason,

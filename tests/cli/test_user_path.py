@@ -35,7 +35,10 @@ def test_generate_says_when_it_loads_the_pack_and_how_long_it_took(pack: Path) -
     result = CliRunner().invoke(cli, ["generate", str(pack), "--prompt", "def add(a, b):", "--max-new-tokens", "4"])
     assert result.exit_code == 0, result.output
     assert f"[specpack] loading {pack} (checking its files, opening the target) ..." in result.stderr
-    assert re.search(r"\[specpack\] loaded in \d+\.\d s \(the draft model opens on its first use", result.stderr)
+    assert re.search(r"\[specpack\] loaded in \d+\.\d s \(the draft too\)", result.stderr)  # opened with the pack
+    k0 = CliRunner().invoke(cli, ["generate", str(pack), "--prompt", "def add(a, b):", "--max-new-tokens", "4",
+                                  "--k", "0"])
+    assert k0.exit_code == 0 and re.search(r"\[specpack\] loaded in \d+\.\d s\n", k0.stderr), k0.stderr  # no draft
     assert "loading" not in result.stdout  # the completion alone on stdout
 
 
