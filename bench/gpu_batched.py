@@ -80,6 +80,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from specpack.bench.timing import quantile
+
 MAX_BATCH = 64      # the pack's batched graphs: the most rows a run takes
 MAX_LEN = 2048
 K_MAX = 8
@@ -93,16 +95,6 @@ def log(line: str) -> None:
 
 def specpack_cli(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "specpack", *args], check=True)
-
-
-def quantile(values: list[float], q: float) -> float | None:
-    """The q-quantile, linear between order statistics (serve_load.py's; None for no values)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    at = q * (len(xs) - 1)
-    lo = int(at)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
 
 
 # --- export, card, memory ---------------------------------------------------------------------------------------

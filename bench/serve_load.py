@@ -41,6 +41,7 @@ import openai
 import psutil
 
 from specpack.bench.report import machine_info
+from specpack.bench.timing import quantile
 from specpack.prompts import BenchPrompt, read_prompts
 
 
@@ -193,16 +194,6 @@ def wait_ready(client: openai.OpenAI, proc: subprocess.Popen[bytes], timeout: fl
         except openai.APIConnectionError:
             time.sleep(0.5)
     raise SystemExit("the server did not start in time")
-
-
-def quantile(values: list[float], q: float) -> float | None:
-    """The q-quantile, linear between order statistics (None for no values)."""
-    if not values:
-        return None
-    xs = sorted(values)
-    at = q * (len(xs) - 1)
-    lo = int(at)
-    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)
 
 
 def summarize(outcomes: list[Outcome], wall_s: float, planned: int) -> dict[str, Any]:

@@ -114,3 +114,13 @@ def _timed(into: list[float], keep: bool, fn: Callable[[], object]) -> None:
     fn()
     if keep:
         into.append(time.perf_counter() - t0)
+
+
+def quantile(values: list[float], q: float) -> float | None:
+    """The q-quantile, linear between order statistics (None for no values)."""
+    if not values:
+        return None
+    xs = sorted(values)
+    at = q * (len(xs) - 1)
+    lo = int(at)
+    return xs[lo] + (xs[min(lo + 1, len(xs) - 1)] - xs[lo]) * (at - lo)

@@ -196,14 +196,7 @@ def precapture_draft_tree(draft: DeviceDraft, max_len: int, k_max: int) -> int:
         draft.reset(state)
         cache = draft.cache(i)
         state.length = start + 1  # a catch-up of one row, then W own rows at depth 1 reading it
-        for w in range(1, draft.tree_width + 1):
-            run = HeadTreeRun(tokens=np.zeros(w, np.int64), hidden=np.zeros(w, np.int64), position=start + 1,
-                              committed=start + 1, ancestors=np.zeros((w, 0), np.int64))
-            for _ in range(CAPTURE_RUNS):
-                _at(cache, start)
-                draft.tree_step(state, None)
-                draft.tree_step(state, run)
-                runs += 2
+        runs += _expansions(draft, state, cache, start)
         cache.rollback(0)
     return runs
 
@@ -224,15 +217,23 @@ def precapture_head_tree(head: DeviceHead, max_len: int, k_max: int) -> int:
                 head.tree_step(state, None)
                 runs += 1
         state.length = start + 2  # a catch-up of one row, then W own rows at depth 2 reading it
-        for w in range(1, head.tree_width + 1):
-            run = HeadTreeRun(tokens=np.zeros(w, np.int64), hidden=np.zeros(w, np.int64), position=start + 1,
-                              committed=start + 1, ancestors=np.zeros((w, 0), np.int64))
-            for _ in range(CAPTURE_RUNS):
-                _at(cache, start)
-                head.tree_step(state, None)
-                head.tree_step(state, run)
-                runs += 2
+        runs += _expansions(head, state, cache, start)
         cache.rollback(0)
+    return runs
+
+
+def _expansions(engine: DeviceDraft | DeviceHead, state: DecodeState, cache: DeviceStaticKVCache, start: int) -> int:
+    """A tree-form engine's expansions of W in 1 .. K own rows, CAPTURE_RUNS times each, each after a one-row catch-up
+    (a tree's first run: its buffers' run index starts again there); returns the runs."""
+    runs = 0
+    for w in range(1, engine.tree_width + 1):
+        run = HeadTreeRun(tokens=np.zeros(w, np.int64), hidden=np.zeros(w, np.int64), position=start + 1,
+                          committed=start + 1, ancestors=np.zeros((w, 0), np.int64))
+        for _ in range(CAPTURE_RUNS):
+            _at(cache, start)
+            engine.tree_step(state, None)
+            engine.tree_step(state, run)
+            runs += 2
     return runs
 
 
