@@ -9,7 +9,7 @@ max(batches) slots with `context` tokens, then for each B and S times one run of
 runs of one row x S tokens (one at a time, the same graph at batch 1: what per-slot engines do), each from the same
 cached length (median of --repeats). S = 2 is a greedy step (a token and its pad), S = k + 1 a verify of k drafts.
 
-    python bench/batched_verify_cpu.py --pack PACK [--batches 1 2 4] [--rows 2 5] [--json OUT]
+    python bench/batched_verify_cpu.py --pack PACK [--batches 1 2 4] [--rows 2 5] [--models target draft] [--json OUT]
 
 --pack times a pack's own batched graphs (spec-export --max-batch: int4 / int8 ones included) as `serve --max-batch`
 opens them (cache width max_len + k_max + 1): the target's verify_batched.onnx with every row a greedy verify of
@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--models", nargs="+", choices=("target", "draft"), default=["target", "draft"],
+                    help="--pack: which batched graphs to time")
     args = ap.parse_args()
     if args.pack is not None:
         return time_pack(args)
@@ -113,7 +115,7 @@ def time_pack(args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     results = []
     for role, entry in (("target", m.target), ("draft", m.draft_model)):
-        if entry is None or entry.batched is None:
+        if entry is None or entry.batched is None or role not in args.models:
             continue
         shape = {"num_layers": entry.num_layers, "kv_heads": entry.kv_heads, "head_dim": entry.head_dim,
                  "width": width, "slots": slots, "k_max": k_max, "threads": args.threads}

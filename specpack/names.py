@@ -82,7 +82,7 @@ NEXT_TOKEN = "next_token"
 PARENTS = "parents"  # tree verify (graphs/tree_head.py): int64 [1, T], each node's parent, -1 the root
 PATH = "path"  # tree verify: int64 [1, T+1], the accepted rows, root first, -1 padded
 DRAFT_COUNTS = "draft_counts"  # batched verify (graphs/batched_head.py): int64 [B], the drafts row b verifies (k_b)
-BEST = "best"  # the batched greedy head (graphs/batched_head.py): int64 [B, S], the argmax of every position's logits
+BEST = "best"  # the batched greedy head (graphs/batched_head.py): int64 [B, K+1], the argmax at each row's last k_b + 1 positions
 TOKEN_COUNTS = "token_counts"  # batched verify: int64 [B], row b's real new tokens (the rest of its S are padding)
 
 TARGET_FEATURES = "target_features"

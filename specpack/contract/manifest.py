@@ -170,8 +170,10 @@ class BatchedForm(_Closed):
     """A model's batched graph (spec-export --max-batch; docs/batching.md, "The batched graph form"): the static
     standard-attention form with a batch axis, rows right-padded, each with its own mask row and KV slot. `head`:
     "verify" (graphs/batched_head.py: draft_counts, token_counts and per-row sampling inputs -> n_accepted,
-    next_token [B]) or "greedy" (best [B, S]: the batched greedy draft). `inputs`: the batch-only inputs besides the
-    batch-1 graph's. Absent (None) on older packs and packs exported without --max-batch: batch 1 only.
+    next_token [B]) or "greedy" (draft_counts, token_counts -> best [B, K+1], the argmax at each row's last k_b + 1
+    positions: the batched greedy draft; [B, S], every position, with no inputs of its own before 2026-12-06).
+    `inputs`: the batch-only inputs besides the batch-1 graph's. Absent (None) on older packs and packs exported
+    without --max-batch: batch 1 only.
     `quantization`: how its weights are stored, the model's method (quantize/stage.py, quantize_graph_pair: the
     batch-1 graph's quantized weights; `shared` says how many, and which data file the two graphs both read; the
     per-tensor list is the model's); None: unquantized, as the model."""

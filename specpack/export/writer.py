@@ -118,7 +118,8 @@ def _batched(pack_dir: Path, graph_file: str | None, role: str, max_batch: int,
 
     if graph_file is None:
         return None
-    head, inputs = ("verify", [names.DRAFT_COUNTS, names.TOKEN_COUNTS]) if role == "target" else ("greedy", [])
+    head = "verify" if role == "target" else "greedy"
+    inputs = [names.DRAFT_COUNTS, names.TOKEN_COUNTS]  # both heads read each row's last k_b + 1 positions
     return {"max_batch": max_batch, "head": head, "inputs": inputs,
             "graph": graph_entry(pack_dir, graph_file, GraphForm("static", "standard", "onnxruntime")),
             "quantization": None if quantization is None else dict(quantization)}

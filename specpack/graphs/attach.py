@@ -79,7 +79,8 @@ def build_batched_verify_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int
 
 def build_batched_greedy_graph(plain_onnx: Path, out_onnx: Path, vocab_size: int, *,
                                in_pack: Mapping[str, str] | None = None) -> None:
-    """The batched static form + the batched greedy head (`best` [B, S]): the batched greedy draft's graph."""
+    """The batched static form + the batched greedy head (`best` [B, K+1]: each row's last k_b + 1 positions, its
+    lm_head computing K + 1 rows per batch row): the batched greedy draft's graph."""
     _attach(Path(plain_onnx), Path(out_onnx), vocab_size, add_batched_greedy_head, batched_greedy_head_io(),
             in_pack=in_pack or {})
 

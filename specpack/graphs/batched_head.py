@@ -43,9 +43,10 @@ def row_counts(b: GraphBuilder) -> Value:
     return names.DRAFT_COUNTS
 
 
-def positions(b: GraphBuilder) -> Value:
-    """pos [B, K+1]: pos[b, i] = min(S_b - k_b - 1 + i, S - 1), the positions row b's verify reads (docstring)."""
-    rows = b.op("Squeeze", _rows(b), b.const([0]))  # [] K + 1
+def positions(b: GraphBuilder, rows_k1: Value | None = None) -> Value:
+    """pos [B, K+1]: pos[b, i] = min(S_b - k_b - 1 + i, S - 1), the positions row b's verify reads (docstring);
+    rows_k1: K + 1 as int64 [1] (default: from draft_probs' shape)."""
+    rows = b.op("Squeeze", _rows(b) if rows_k1 is None else rows_k1, b.const([0]))  # [] K + 1
     steps = b.op("Range", b.const(0), rows, b.const(1))  # [K+1]
     start = b.op("Sub", b.op("Sub", names.TOKEN_COUNTS, row_counts(b)), b.const([1]))  # [B] S_b - k_b - 1
     pos = b.op("Add", b.op("Unsqueeze", start, b.const([1])), steps)  # [B, K+1]
@@ -75,15 +76,24 @@ def batched_verify_head_io(vocab: Dim) -> HeadIO:
                   rows=_rows, select=select)
 
 
+def _greedy_rows(b: GraphBuilder) -> Value:
+    return b.op("Add", b.op("ReduceMax", row_counts(b), keepdims=1), b.const([1]))  # [1] K + 1, K = max k_b
+
+
 def batched_greedy_head_io() -> HeadIO:
-    """The batched greedy head: no inputs -> best int64 [B, S], the argmax at every position (the batched greedy
-    draft reads the argmax after each row's last fed token: runtime/batched_draft.py)."""
-    return HeadIO(inputs=[], outputs=[tensor_info(names.BEST, INT64, ["batch_size", "sequence_length"])],
-                  rows=lambda b: b.op("Shape", names.INPUT_IDS, start=1, end=2), select=lambda b, x: x)
+    """The batched greedy head: + draft_counts k_b, token_counts S_b [B] -> best int64 [B, K+1] (K = max k_b), the
+    argmax at the verify head's positions (`positions`): best[b, :k_b + 1] after row b's last committed token and after
+    each draft (a verify), best[b, 0] after its last fed token when k_b = 0 (a draft step: runtime/batched_draft.py);
+    the rest of a row is clamped, never read. So the lm_head computes K + 1 rows per batch row, not S (a prompt's
+    catch-up of 150 tokens: 150 rows of 2 * H * V flops each, all but one thrown away)."""
+    batch = "batch_size"
+    return HeadIO(inputs=[tensor_info(names.DRAFT_COUNTS, INT64, [batch]), tensor_info(names.TOKEN_COUNTS, INT64, [batch])],
+                  outputs=[tensor_info(names.BEST, INT64, [batch, "k_plus_1"])], rows=_greedy_rows,
+                  select=lambda b, x: gather_rows(b, x, positions(b, _greedy_rows(b))))
 
 
 def add_batched_greedy_head(b: GraphBuilder, logits: Value, logits_type: int = FLOAT, vocab: int | None = None) -> None:
-    """best = ArgMax(logits) over the vocabulary: [B, S, V] -> [B, S]."""
+    """best = ArgMax(logits) over the vocabulary: [B, K+1, V] -> [B, K+1]."""
     b.nodes.append(helper.make_node("ArgMax", [logits], [names.BEST], name=b.fresh("ArgMax"), axis=-1, keepdims=0))
 
 

@@ -56,6 +56,7 @@ class KVLayout:
 
 class BatchedCaches(Protocol):
     layout: KVLayout
+    input_names: set[str]  # the graph's inputs (which head form it has)
 
     def rows(self, lo: int, hi: int) -> tuple[dict[str, Bound], dict[str, Bound]]:
         """The slots [lo, hi) of every buffer: (past bindings, present bindings), the same memory."""
@@ -76,6 +77,7 @@ class HostCaches:
 
     def __init__(self, graph: OrtGraph, layout: KVLayout) -> None:
         self.graph, self.layout = graph, layout
+        self.input_names = graph.input_names
         self._binding = graph.new_binding()
         self._kv = [np.zeros(layout.shape, layout.dtype) for _ in range(2 * layout.num_layers)]  # [slots, H, M, D]
         self._past, self._present = layout.names()

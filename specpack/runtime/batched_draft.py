@@ -64,7 +64,7 @@ class BatchedGreedyDrafter:
             for state, _ in rows:
                 slot = state.slot
                 if slot in feeds:
-                    state.ids[state.length + j] = best[slot][len(feeds[slot]) - 1]  # argmax after its last fed token
+                    state.ids[state.length + j] = best[slot][0]  # the argmax after its last fed token
                     engine.lengths[slot] = state.length + j
                     drafted[slot] = j + 1
         return [Proposal(tokens=state.ids[state.length : state.length + drafted[state.slot]], q=None)

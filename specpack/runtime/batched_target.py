@@ -13,7 +13,7 @@ Where the caches live is the backend's (runtime/batched_caches.py): host numpy b
 path or OrtGraph given here) or device buffers bound by pointer offset (backends/cuda_batched.py: a CacheOpener given
 here); the row layout and the acceptance below are the same for both.
 
-BatchedRuns holds that; its heads: BatchedGreedyTarget (argmax, `best` [B, S], graphs/attach.py's
+BatchedRuns holds that; its heads: BatchedGreedyTarget (argmax, `best` [B, K+1], graphs/attach.py's
 build_batched_greedy_graph; the acceptance on the host from those integers, graphs/oracle.py's greedy_verify: greedy rows only,
 the batched greedy draft's engine) and BatchedTarget (runtime/batched_verify.py: the batched verify head,
 graphs/batched_head.py, for every request). Each is both the loop's TargetModel (prefill, a single row's verify) and
@@ -122,12 +122,17 @@ class BatchedRuns:
 
 
 class BatchedGreedyTarget(BatchedRuns):
-    """The batched graph with the greedy head (`best` [B, S]): the acceptance on the host. The batched greedy draft's
-    engine (batched_draft.py); as a target, greedy rows only (BatchedTarget verifies every request)."""
+    """The batched graph with the greedy head (`best`): the acceptance on the host. The batched greedy draft's engine
+    (batched_draft.py); as a target, greedy rows only (BatchedTarget verifies every request). Its head reads each
+    row's last k_b + 1 positions (draft_counts, token_counts in: graphs/batched_head.py); a pack exported before
+    2026-12-06 has the head that reads every position (`best` [B, S], no such inputs), read the same way here."""
 
     def __init__(self, graph: Path | OrtGraph | CacheOpener, **kwargs: Any) -> None:
         super().__init__(graph, **kwargs)
         self._best = np.zeros(self.slots * self.rows, np.int64)
+        self._selects = names.DRAFT_COUNTS in self.caches.input_names  # the head reads k_b + 1 positions per row
+        self._counts = np.zeros(self.slots, np.int64)                  # [slots] views [lo:hi]
+        self._tokens = np.zeros(self.slots, np.int64)
 
     def verify_rows(self, rows: list[tuple[DecodeState, Proposal]]) -> list[tuple[VerifyResult, float]]:
         """Every row's verify in one run; each row's share of its time is the run's over the rows."""
@@ -138,21 +143,32 @@ class BatchedGreedyTarget(BatchedRuns):
                                     hint="docs/batching.md: the batched sampling head is what remains")
         t = self.clock()
         tokens = {state.slot: state.ids[self.lengths[state.slot] : state.length + proposal.k] for state, proposal in rows}
-        best = self.run(tokens)
+        best = self.run(tokens, {state.slot: proposal.k for state, proposal in rows})
         out = []
         for state, proposal in rows:
-            slot, k = state.slot, proposal.k
-            n_new = len(tokens[slot])
-            row = best[slot][n_new - k - 1 : n_new]  # argmax after the last committed token and after each draft
-            n, next_token = greedy_verify(row, proposal.tokens)
-            self.lengths[slot] = state.length + n  # the cache keeps the committed tokens and the accepted drafts
+            n, next_token = greedy_verify(best[state.slot], proposal.tokens)
+            self.lengths[state.slot] = state.length + n  # the cache keeps the committed tokens and the accepted drafts
             out.append(VerifyResult(n, next_token))
         share = (self.clock() - t) / len(rows)
         return [(result, share) for result in out]
 
-    def run(self, tokens: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
-        """One run; slot -> its best [S] (a view)."""
+    def run(self, tokens: dict[int, np.ndarray], drafts: dict[int, int] | None = None) -> dict[int, np.ndarray]:
+        """One run; slot -> its argmax after its last k_b + 1 new tokens ([k_b + 1], a view): after the last committed
+        token and each of its k_b = drafts[slot] drafts (default 0: after its last new token)."""
+        drafts = drafts or {}
         lo, hi, seq, inputs, outputs = self.bind(tokens)
-        best = self._best[: (hi - lo) * seq].reshape(-1, seq)    # [B, S]
+        counts, lengths = self._counts[lo:hi], self._tokens[lo:hi]
+        for r, slot in enumerate(range(lo, hi)):
+            counts[r] = drafts.get(slot, 0)
+            lengths[r] = len(tokens[slot]) if slot in tokens else seq  # pad rows: read clamped, never used
+        rows = int(counts.max()) + 1 if self._selects else seq
+        best = self._best[: (hi - lo) * rows].reshape(-1, rows)  # [B, K+1] ([B, S]: the older head)
+        if self._selects:
+            inputs = {**inputs, names.DRAFT_COUNTS: counts, names.TOKEN_COUNTS: lengths}
         self.caches.run(inputs, {names.BEST: best, **outputs})
-        return {slot: best[slot - lo] for slot in tokens}
+        out = {}
+        for slot in tokens:
+            r = slot - lo
+            k, n = int(counts[r]), int(lengths[r])
+            out[slot] = best[r, : k + 1] if self._selects else best[r, n - k - 1 : n]
+        return out

@@ -8,6 +8,7 @@ Slow (its checks against transformers and the greedy-only engine); the batched p
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,6 +40,12 @@ def batched_draft_graph(tiny_batched_plain, tmp_path_factory: pytest.TempPathFac
     """The pair's draft in the batched form, with the greedy head."""
     out = tmp_path_factory.mktemp("batched") / "draft_greedy.onnx"
     return attached_copy(tiny_batched_plain("qwen2", "noisy", "draft"), out, VOCAB, build_batched_greedy_graph)
+
+
+def _engine(path: Path, model: Any, manifest: Any, slots: int) -> BatchedGreedyTarget:
+    """A greedy batched engine over `path` with `model`'s cache shape and the pack's serving width."""
+    return BatchedGreedyTarget(path, num_layers=model.num_layers, kv_heads=model.kv_heads, head_dim=model.head_dim,
+                               width=manifest.max_len + manifest.k_max + 1, slots=slots, k_max=manifest.k_max, threads=1)
 
 
 def test_each_row_has_the_logits_it_has_alone(tiny_pairs, batched_graph: tuple[Path, Path]) -> None:
@@ -117,16 +124,79 @@ def test_drafts_and_verifies_through_one_run_each(tiny_pack, batched_graph: tupl
         requests = [GenerateRequest.of(p, 24, k=k, drafter="model", limits=pack.limits)
                     for p, k in zip(prompts, (2, 4, 6), strict=True)]
         lone = [alone.generate_request(r) for r in requests]
-
-        def engine(path: Path, model: object) -> BatchedGreedyTarget:
-            return BatchedGreedyTarget(path, num_layers=model.num_layers, kv_heads=model.kv_heads,  # type: ignore[attr-defined]
-                                       head_dim=model.head_dim, width=m.max_len + m.k_max + 1, slots=3,  # type: ignore[attr-defined]
-                                       k_max=m.k_max, threads=1)
-
-        draft_engine = engine(batched_draft_graph, m.draft)
-        pack.start_batching(batched=engine(batched_graph[1], m.target), batched_draft=BatchedGreedyDrafter(draft_engine),
+        draft_engine = _engine(batched_draft_graph, m.draft, m, slots=3)
+        pack.start_batching(batched=_engine(batched_graph[1], m.target, m, slots=3),
+                            batched_draft=BatchedGreedyDrafter(draft_engine),
                             batch_policy=NoCap())  # every row drafts its own k (the cap would follow this machine)
         out = [h.result(timeout=60) for h in [pack.submit(r) for r in requests]]
     assert [o.tokens for o in out] == [g.tokens for g in lone]
     assert [o.stats.accepted for o in out] == [g.stats.accepted for g in lone]
     assert draft_engine.runs.count(3) > 3  # the rows' drafts ran together
+
+
+def _earlier_greedy_graph(plain: Path, out: Path, vocab: int) -> None:
+    """The batched greedy head of packs exported before 2026-12-06: the argmax at every position (`best` [B, S], no
+    draft_counts / token_counts), for the engine's reading of older packs."""
+    from specpack.graphs.attach import _attach
+    from specpack.graphs.batched_head import add_batched_greedy_head
+    from specpack.graphs.heads import HeadIO
+    from specpack.graphs.onnx_builder import INT64, tensor_info
+
+    io = HeadIO(inputs=[], outputs=[tensor_info(names.BEST, INT64, ["batch_size", "sequence_length"])],
+                rows=lambda b: b.op("Shape", names.INPUT_IDS, start=1, end=2), select=lambda b, x: x)
+    _attach(plain, out, vocab, add_batched_greedy_head, io)
+
+
+def test_the_greedy_head_reads_each_rows_last_positions(tiny_pairs, tiny_batched_plain, tmp_path: Path) -> None:
+    """best [B, K+1]: row b's argmax at its positions S_b - k_b - 1 .. S_b - 1 (the lm_head computes K + 1 rows per
+    batch row), what the earlier head's argmax at every position gives there."""
+    import onnxruntime as ort
+
+    from specpack.export.model_info import read_model_info
+
+    plain = tiny_batched_plain("qwen2", "noisy")
+    sessions = {}
+    for name, build in (("now", build_batched_greedy_graph), ("earlier", _earlier_greedy_graph)):
+        (tmp_path / name).mkdir()
+        path = attached_copy(plain, tmp_path / name / f"{name}.onnx", VOCAB, build)
+        sessions[name] = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert {i.name for i in sessions["now"].get_inputs()} >= {names.DRAFT_COUNTS, names.TOKEN_COUNTS}
+    info, width = read_model_info(tiny_pairs("qwen2", "noisy")[1]), 16
+    past = dict.fromkeys(names.kv_names(info.num_layers, "past"),
+                         np.zeros((3, info.kv_heads, width, info.head_dim), np.float32))
+    ids = np.random.default_rng(7).integers(0, 300, (3, 9))  # [B, S]
+    feeds = {names.INPUT_IDS: ids, names.POSITION_IDS: np.tile(np.arange(9), (3, 1)),
+             names.ATTENTION_MASK: (np.arange(width)[None] < 9).astype(np.int64).repeat(3, 0), **past}
+    every = sessions["earlier"].run([names.BEST], feeds)[0]  # [B, S]
+    counts, lengths = np.array([0, 2, 1]), np.array([9, 5, 3])  # row 1: tokens 0-4, drafts at 3, 4; row 2: 0-2
+    best = sessions["now"].run([names.BEST], {**feeds, names.DRAFT_COUNTS: counts, names.TOKEN_COUNTS: lengths})[0]
+    assert best.shape == (3, 3)  # K + 1 = 3 positions per row, not S = 9
+    for b in range(3):
+        k, n = counts[b], lengths[b]
+        np.testing.assert_array_equal(best[b, : k + 1], every[b, n - k - 1 : n])
+
+
+def test_an_earlier_packs_greedy_head_drafts_the_same(tiny_pack, batched_draft_graph: Path, batched_graph: tuple[Path, Path],
+                                                      tmp_path: Path, tiny_batched_plain) -> None:
+    """A draft_batched.onnx with the earlier head (every position) drafts, through the same engine, the tokens the
+    current head drafts: the engine reads its form from the graph's inputs."""
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
+
+    earlier = attached_copy(tiny_batched_plain("qwen2", "noisy", "draft"), tmp_path / "draft_earlier.onnx", VOCAB,
+                            _earlier_greedy_graph)
+    pack_dir = tiny_pack("qwen2", "noisy")[0]
+    tokens = []
+    for draft_graph in (batched_draft_graph, earlier):
+        with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=2)) as pack:
+            m = pack.manifest
+            drafts = _engine(draft_graph, m.draft, m, slots=2)
+            pack.start_batching(batched=_engine(batched_graph[1], m.target, m, slots=2),
+                                batched_draft=BatchedGreedyDrafter(drafts),
+                                batch_policy=NoCap())
+            rng = np.random.default_rng(11)
+            requests = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 7 + 5 * i).tolist(), 16, k=3,
+                                           drafter="model", limits=pack.limits) for i in range(2)]
+            out = [h.result(timeout=60) for h in [pack.submit(r) for r in requests]]
+            tokens.append([(o.tokens, o.stats.accepted) for o in out])
+    assert tokens[0] == tokens[1]
+    assert sum(accepted for _, accepted in tokens[0]) > 0  # drafts were made and accepted

@@ -7,7 +7,7 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
                   [hi - lo, kv_heads, M, head_dim], past and present the same view (written in place), as HostCaches
                   binds numpy views [lo:hi]
     per run       ids, positions [B, S], mask [B, M], draft_counts, token_counts, sampling inputs [B], uniforms
-                  [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, S] out: host arrays,
+                  [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, K+1] out: host arrays,
                   copied by ONNX Runtime
     q             a sampling row drafted on its own slot (DeviceDraft) has its q on the device: read back into the
                   batched verify's host draft_probs (DeviceDraft.host_q, [1, k_max, V] fp32 per sampling row per step)
@@ -40,6 +40,7 @@ class DeviceCaches:
 
     def __init__(self, session: DeviceSession, layout: KVLayout, device: str) -> None:
         self.session, self.layout, self.device = session, layout, device
+        self.input_names = session.input_names
         self._buffers = [DeviceArray(layout.shape, layout.dtype, device) for _ in range(2 * layout.num_layers)]
         self._past, self._present = layout.names()
         self._binding = session.session.io_binding()
