@@ -51,10 +51,11 @@ class TracedCap(BatchKCap):
         self.trace.append(entry)
         return chosen
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
         super().observe(ks, accepted, draft_s, verify_s)
-        if self.trace:
-            self.trace[-1] |= {"ks": list(ks), "accepted": list(accepted), "draft_ms": draft_s * 1e3,
+        if self.trace:  # draft_ms None: a draft's catch-up was in the phase (no d_B sample)
+            self.trace[-1] |= {"ks": list(ks), "accepted": list(accepted),
+                               "draft_ms": None if draft_s is None else draft_s * 1e3,
                                "verify_ms": verify_s * 1e3}
 
 

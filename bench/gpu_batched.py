@@ -7,7 +7,7 @@
         [--config-cap-s 150] [--alone-cap-s 300] [--gaps 16] [--device cuda] [--pack PACK]
 
 Export (once per --work: skipped when WORK/pack-batched holds a manifest; `--pack PATH` uses that pack instead):
-`spec-export --graphs torch --kv-cache static --attention gqa --dtype fp16 --max-batch 64 --k 8 --max-len 2048`
+`spec-export --graphs torch --kv-cache static --attention gqa --dtype fp16 --max-batch 64 --k 8 --max-len 2048 --jobs 4`
 (`--dequantize` for .gguf sources). The batch-1 graphs beside the batched ones (which are always standard attention)
 may be `--attention gqa` or `standard` with these options (export/config.py: `_check_batch` refuses --graphs builder,
 bf16, quantized fp16, trees, heads, TensorRT, not the batch-1 attention); gqa, since GroupQueryAttention is the cuda
@@ -113,7 +113,7 @@ def export_pack(args: argparse.Namespace) -> tuple[Path, float | None]:
     specpack_cli("export", *(["--draft", args.draft] if args.draft else []), "--target", args.target, "-o", str(pack),
                  "--graphs", "torch", "--kv-cache", "static", "--attention", args.attention, "--dtype", "fp16",
                  "--max-batch", str(args.max_batch_export), "--k", str(K_MAX), "--max-len", str(args.max_len),
-                 *dequantize, "--overwrite")
+                 "--jobs", str(args.export_jobs), *dequantize, "--overwrite")
     export_s = time.perf_counter() - t0
     log(f"exported {pack} in {export_s:.0f} s")
     return pack, export_s
@@ -502,6 +502,9 @@ def main() -> None:
     parser.add_argument("--alone-cap-s", type=float, default=300.0)
     parser.add_argument("--gaps", type=int, default=16, help="divergences whose fp32 gap is computed here (0: none)")
     parser.add_argument("--max-len", type=int, default=MAX_LEN, help="export's --max-len")
+    parser.add_argument("--export-jobs", type=int, default=4,
+                        help="export's --jobs: its four torch exports at once (the device machine's 16 cores and 128 GB: "
+                             "one after another they took over 9 minutes of an H200 session, bench/README.md)")
     parser.add_argument("--max-batch-export", type=int, default=MAX_BATCH, help="export's --max-batch")
     parser.add_argument("--attention", default=ATTENTION, help="export's --attention for the batch-1 graphs")
     parser.add_argument("--only", nargs="*", help="configurations to run (alone, c4-auto, ...); default all")

@@ -84,8 +84,11 @@ QUANTIZE_HELP = ("Quantization of the {role}: weight-only int8 / int4 (ONNX Runt
                    "with `parents`, plus kv_compact.onnx; static KV cache, torch graphs. 0: chains only.")
 @click.option("--max-batch", "max_batch", type=int, default=DEFAULTS.max_batch, show_default=True,
               help="Continuous batching: also write each model's batched graph (verify_batched.onnx, draft_batched.onnx"
-                   "), so `serve --max-batch` verifies up to this many requests in one run (fp32 torch graphs, CPU; "
-                   "docs/batching.md). 0: none.")
+                   "), so `serve --max-batch` verifies up to this many requests in one run (torch graphs, fp32, "
+                   "or fp16 for the cuda backend; docs/batching.md). 0: none.")
+@click.option("--jobs", "jobs", type=int, default=DEFAULTS.jobs, show_default=True,
+              help="Torch exports (each model, and each batched form) running at once, each in its own process: "
+                   "faster on many cores, but their peak memory adds up (about 11 GB for a 1.5B model's).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at the output path.")
 @user_errors
 def export_command(draft: str | None, target: str, output: Path, k: int, max_len: int | None, dtype: str,
@@ -94,7 +97,7 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                    quantize_target: str | None, dequantize: bool, no_fidelity: bool,
                    fidelity_prompts: Path | None, fidelity_limit: int, fidelity_tokens: int, calib_prompts: Path | None,
                    calib_samples: int, calib_seed: int, drafter: str, draft_head: Path | None,
-                   max_tree_nodes: int, max_batch: int, overwrite: bool) -> None:
+                   max_tree_nodes: int, max_batch: int, jobs: int, overwrite: bool) -> None:
     """Export a draft/target pair (or a target alone, --drafter ngram, or a target with its draft head, --draft-head)
     to a speculative-decoding pack."""
     from specpack.export.pipeline import export_pack
@@ -108,6 +111,6 @@ def export_command(draft: str | None, target: str, output: Path, k: int, max_len
                           calib_prompts=None if calib_prompts is None else str(calib_prompts),
                           calib_samples=calib_samples, calib_seed=calib_seed,
                           draft_head=None if draft_head is None else str(draft_head),
-                          max_tree_nodes=max_tree_nodes, max_batch=max_batch)
+                          max_tree_nodes=max_tree_nodes, max_batch=max_batch, jobs=jobs)
     export_pack(draft, target, output, config)
     click.echo(str(output))

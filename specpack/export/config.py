@@ -45,6 +45,8 @@ class ExportConfig:
     form: str = "onnxruntime"         # "tensorrt": TensorRT's ops in the heads, static cache, standard attention
     overwrite: bool = False           # replace an existing pack at the output path
     isolate: bool = True              # export each model in its own process (peak memory of the 1.5B: ~11 GB)
+    jobs: int = 1                     # torch exports (stage 1) running at once, each in its own process (isolate):
+                                      # their peak memory adds up
     quantize_draft: str | None = None   # modes.py; None: "gguf" for a .gguf source (unless dequantize), else "none"
     quantize_target: str | None = None
     dequantize: bool = False          # a .gguf source becomes an unquantized (dtype) graph, not its own blocks
@@ -125,6 +127,9 @@ class ExportConfig:
         """--max-batch: a number in range, and a pack the batched graphs are built for: the batched static form of
         torch's graphs, fp32 (unquantized or weight-only quantized as the batch-1 graphs; the cpu and cuda backends) or
         fp16 (unquantized; the cuda backend); docs/batching.md, "What remains"."""
+        if isinstance(self.jobs, bool) or not isinstance(self.jobs, int) or not 1 <= self.jobs <= 16:
+            raise SpecpackError("--jobs out of range", expected="1 <= jobs <= 16", found=repr(self.jobs),
+                                hint="torch exports running at once; each holds its own model in memory")
         if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or not 0 <= self.max_batch <= 1024:
             raise SpecpackError("invalid --max-batch", expected="an integer in 0..1024 (0: no batched graphs)",
                                 found=repr(self.max_batch))

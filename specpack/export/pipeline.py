@@ -144,9 +144,10 @@ def resolve_sources(draft_src: str | None, target_src: str, out: Path, config: E
 
 
 def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGraphs:
-    """Stage 1: each model's plain graph, exported with torch (each in its own process), or built by
+    """Stage 1: each model's plain graph, exported with torch (each in its own process, --jobs at once), or built by
     onnxruntime-genai's model builder, which quantizes as it builds (--quantize-* int4 / int8)."""
     graphs: dict[Role, Graph] = {}
+    exports: list[tuple[str, Callable[..., None], tuple[object, ...]]] = []  # (its phase, the stage, its arguments)
     for model in sources.models:
         role, model_dir, method = model.role, model.model_dir, model.method
         if config.graphs == "builder":
@@ -161,17 +162,22 @@ def plain_graphs(sources: Sources, work: Path, config: ExportConfig) -> PlainGra
             continue
         path = work / f"{role}.onnx"
         draft_tree = role == "draft" and config.draft_tree_width(sources.vocab_size) > 0  # a tree pack's draft model
-        with phase(f"exporting the {role} ({model_dir.name})" + (" in its tree form" if draft_tree else ""), _log):
-            _run_stage(_export_plain, config.isolate, model_dir, path, config.dtype, model.form,
-                       sources.taps if role == "target" else (), config.max_tree_nodes if role == "target" else 0,
-                       draft_tree)
+        exports.append((f"the {role} ({model_dir.name})" + (" in its tree form" if draft_tree else ""), _export_plain,
+                        (model_dir, path, config.dtype, model.form, sources.taps if role == "target" else (),
+                         config.max_tree_nodes if role == "target" else 0, draft_tree)))
         graphs[role] = Graph(path)
     batched: dict[Role, Graph] = {}
     for model in sources.models if config.max_batch else ():  # before quantizing: it is quantized with the graph
         path = work / f"{model.role}-batched.onnx"
-        with phase(f"exporting the {model.role}'s batched form (--max-batch)", _log):
-            _run_stage(_export_batched_plain, config.isolate, model.model_dir, path, config.dtype)
+        exports.append((f"the {model.role}'s batched form (--max-batch)", _export_batched_plain,
+                        (model.model_dir, path, config.dtype)))
         batched[model.role] = Graph(path)
+    jobs = config.jobs if config.isolate else 1
+    for i in range(0, len(exports), jobs):
+        group = exports[i : i + jobs]
+        with phase("exporting " + " and ".join(what for what, _, _ in group)
+                   + (f" ({len(group)} at once)" if len(group) > 1 else ""), _log):
+            _run_stages_of([(fn, args) for _, fn, args in group], config.isolate)
     return PlainGraphs(graphs, batched)
 
 
@@ -446,7 +452,12 @@ def _run_stage(fn: Callable[..., T], isolate: bool, *args: object) -> T:
 
 def _run_stages(fn: Callable[..., T], isolate: bool, args: list[tuple[object, ...]]) -> list[T]:
     """`fn` on each of `args`: in fresh processes, all at once, or one after another in this one."""
-    return run_isolated_all([(fn, a) for a in args]) if isolate else [fn(*a) for a in args]
+    return _run_stages_of([(fn, a) for a in args], isolate)
+
+
+def _run_stages_of(calls: list[tuple[Callable[..., Any], tuple[object, ...]]], isolate: bool) -> list[Any]:
+    """Each (stage, its arguments): in fresh processes, all at once, or one after another in this one."""
+    return run_isolated_all(calls) if isolate else [fn(*args) for fn, args in calls]
 
 
 def _log(message: str) -> None:

@@ -45,8 +45,9 @@ class BatchPolicy(Protocol):
         """The most drafts a row's step may verify while `rows` rows decode."""
         ...
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
-        """A step verified ks[i] drafts of row i, of which accepted[i] passed; its draft phase and verify took these."""
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
+        """A step verified ks[i] drafts of row i, of which accepted[i] passed; its draft phase and verify took these
+        (draft_s None: a row's draft caught up in it, its prefill or the tokens of its k 0 steps: not a draft's cost)."""
         ...
 
 
@@ -54,7 +55,7 @@ class NoCap:
     def cap(self, rows: int) -> int:
         return UNCAPPED
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
         pass
 
 
@@ -85,12 +86,12 @@ class BatchKCap:
                 best, best_rate = kappa, rate
         return best
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
         if not ks:
             return
         for k, n in zip(ks, accepted, strict=True):
             self.acceptance.observe(k, n)
         t = min(padded_rows(ks), len(self.verify) - 1)
         self.verify[t].append(verify_s)
-        if (most := max(ks)) > 0:
+        if (most := max(ks)) > 0 and draft_s is not None:
             self.per_draft.append(draft_s / most)  # a batched drafter runs its longest row's steps

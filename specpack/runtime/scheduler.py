@@ -65,6 +65,8 @@ class Row(Generic[J]):
                                          # its tokens must follow its seed alone, and they follow its k schedule)
     cached: int = 0                      # prompt tokens in the target's cache (chunked prefill)
     prefilled: bool = False              # the prefill proper ran: the row decodes
+    last_k: int = 0                      # the drafts its last step verified (0: none yet, so its next drafts start
+                                         # with the draft's catch-up: its prefill, or the tokens of k 0 steps)
 
     @property
     def state(self) -> DecodeState:
@@ -82,6 +84,11 @@ class RowVerifier(Protocol):
 
 
 class RowDrafter(Protocol):
+    def catch_up(self, states: list[DecodeState]) -> None:
+        """Before the timed draft phase: feed what a row's draft has not seen beyond a steady step's catch-up (its
+        prefill, the tokens of its k 0 steps), so the phase times drafts only."""
+        ...
+
     def propose_rows(self, rows: list[tuple[DecodeState, int]]) -> list[Proposal]:
         """Each row's proposal of up to k_b drafts, in order (all rows' j-th drafts in one run)."""
         ...
@@ -206,8 +213,8 @@ class Scheduler(Generic[J]):
                 ks.append((row, row.decoding.plan(None if row.own_k else cap)))
             except Exception as err:
                 self._end(row, err)
-        proposals = self._draft_together([(row, k) for row, k in ks
-                                          if k > 0 and row.decoding.drafter is self.row_drafter])
+        proposals, catch_up_s = self._draft_together([(row, k) for row, k in ks
+                                                      if k > 0 and row.decoding.drafter is self.row_drafter])
         planned: list[tuple[Row[J], Proposal]] = []
         for row, k in ks:
             if row not in self.rows:  # ended while drafting
@@ -223,31 +230,39 @@ class Scheduler(Generic[J]):
             for row, _ in planned:
                 self._end(row, err)
             return
-        self.batch_policy.observe([p.k for _, p in planned], [r.n_accepted for r, _ in results], t_verify - t_draft,
-                                  self.clock() - t_verify)
+        # a row drafted on its own slot whose draft caught up in the phase (its prefill, or after k 0 steps): the
+        # phase is not the drafts' cost (the row drafter's catch-ups ran apart: catch_up_s)
+        caught_up = any(p.k > 0 and row.last_k == 0 and row.decoding.drafter is not self.row_drafter
+                        for row, p in planned)
+        self.batch_policy.observe([p.k for _, p in planned], [r.n_accepted for r, _ in results],
+                                  None if caught_up else t_verify - t_draft - catch_up_s, self.clock() - t_verify)
         for (row, proposal), (result, verify_s) in zip(planned, results, strict=True):
+            row.last_k = proposal.k
             try:
                 row.decoding.commit(proposal, result, verify_s)
                 self._end_if_finished(row)
             except Exception as err:
                 self._end(row, err)
 
-    def _draft_together(self, rows: list[tuple[Row[J], int]]) -> dict[int, Proposal]:
-        """id(row) -> its proposal, for the rows the row drafter drafts (one run per draft position); each row's draft
-        phase is its share of the whole. A failure ends those rows."""
+    def _draft_together(self, rows: list[tuple[Row[J], int]]) -> tuple[dict[int, Proposal], float]:
+        """(id(row) -> its proposal, the seconds of the rows' catch-up), for the rows the row drafter drafts (one run
+        per draft position, after the catch-up of rows whose draft trails: RowDrafter.catch_up); each row's draft
+        phase is its share of the drafts' time. A failure ends those rows."""
         if not rows or self.row_drafter is None:
-            return {}
-        t = self.clock()
+            return {}, 0.0
+        t0 = self.clock()
         try:
+            self.row_drafter.catch_up([row.state for row, _ in rows])
+            t = self.clock()
             proposals = self.row_drafter.propose_rows([(row.state, k) for row, k in rows])
         except Exception as err:
             for row, _ in rows:
                 self._end(row, err)
-            return {}
+            return {}, 0.0
         share = (self.clock() - t) / len(rows)
         for row, _ in rows:
             row.decoding.drafted(share)
-        return {id(row): proposal for (row, _), proposal in zip(rows, proposals, strict=True)}
+        return {id(row): proposal for (row, _), proposal in zip(rows, proposals, strict=True)}, t - t0
 
     def _end_if_finished(self, row: Row[J]) -> None:
         if row.state.finished:

@@ -51,3 +51,27 @@ def test_the_cli_flag_reaches_the_config() -> None:
     result = CliRunner().invoke(spec_export, ["--target", "nowhere", "--drafter", "ngram", "-o", "out",
                                               "--max-batch", "4", "--quantize-target", "int8-sq"])
     assert result.exit_code == 2 and "--max-batch cannot be exported with --quantize-* int8-sq / fp8" in result.output
+
+
+@pytest.mark.slow
+def test_exports_running_at_once_write_the_same_pack(tiny_pairs, tiny_export, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """--jobs 4: the four torch exports of a batched pack (each model, each batched form) run at once, each in its own
+    process; every file of the pack is the one the exports one after another write (same sha256 in the manifest)."""
+    import json
+
+    from specpack.export.pipeline import export_pack
+
+    draft_dir, target_dir = tiny_pairs("qwen2", "noisy")
+    export_pack(str(draft_dir), str(target_dir), tmp_path / "pack", ExportConfig(max_batch=4, jobs=4))
+    one_by_one = tiny_export("qwen2", "noisy", max_batch=4)  # test_batched_sampling.py's pack (one export a session)
+
+    def files(pack):  # type: ignore[no-untyped-def]
+        return {f["path"]: f["sha256"] for f in json.loads((pack / "manifest.json").read_text())["files"]}
+
+    assert files(tmp_path / "pack") == files(one_by_one) and len(files(one_by_one)) >= 6
+
+
+@pytest.mark.parametrize("jobs", [0, 17, True])
+def test_jobs_out_of_range(jobs: object) -> None:
+    with pytest.raises(SpecpackError, match="--jobs out of range"):
+        ExportConfig(jobs=jobs)  # type: ignore[arg-type]

@@ -61,12 +61,14 @@ def test_nothing_is_capped_before_anything_is_measured() -> None:
 class _Cap:
     def __init__(self, value: int) -> None:
         self.value, self.steps = value, 0
+        self.draft_s: list[tuple[list[int], float | None]] = []  # (ks, draft phase) per step
 
     def cap(self, rows: int) -> int:
         return self.value
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float, verify_s: float) -> None:
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
         self.steps += 1
+        self.draft_s.append((list(ks), draft_s))
         assert all(k <= self.value for k in ks[:1])  # row 0 is capped; row 1 (seeded sampling) is not
 
 
@@ -95,6 +97,38 @@ def test_the_scheduler_caps_every_row_but_seeded_sampling() -> None:
     assert finished == {0: "length", 1: "length"} and cap.steps > 0
     assert rows[0].stats.k_histogram[2:] == [0, 0, 0] and rows[0].stats.k_histogram[1] > 0  # capped at 1
     assert rows[1].stats.k_histogram[4] > 0                                                 # its own k = 4
+
+
+def test_a_step_in_which_a_draft_catches_up_gives_no_draft_cost() -> None:
+    """A row's first drafts start with the draft's prefill (its first proposal's catch-up), and drafts after k 0 steps
+    with the tokens those steps committed: neither is a draft's cost, so such a step gives BatchKCap no d_B sample (one
+    such sample, 170 ms a draft on the int4 pair, kept the cap at 0 for a whole run: bench/README.md). Job 1 joins
+    after job 0 has drafted: its first step is one; a k 0 row never makes one."""
+    t = table(20, 1)
+    backend = bigram_backend(t, t + table(20, 2, 1.0), slots=3)
+    ks = {0: 2, 1: 3, 2: 0}
+
+    def open_row(job: int, slot: int) -> Row[int]:
+        state = DecodeState.start([1 + job, 2], 10, SamplingParams(), Uniforms(SamplingParams(), 8, seed=job),
+                                  eos_ids=frozenset(), max_len=64, k_max=8, stats=DecodeStats(k=ks[job]), slot=slot)
+        return Row(job, slot, Decoding(state, backend.target(), ModelDrafter(backend.draft), FixedK(ks[job])), None)
+
+    cap = _Cap(UNCAPPED)
+    scheduler: Scheduler[int] = Scheduler(SchedulerConfig(max_batch=3), backend.target(), open_row,  # type: ignore[arg-type]
+                                          lambda row, outcome: None, SerialVerifier(backend.target(), lambda: 0.0),
+                                          batch_policy=cap)
+    scheduler.add(0)
+    scheduler.add(2)
+    for _ in range(3):
+        scheduler.step()
+    scheduler.add(1)
+    while not scheduler.idle:
+        scheduler.step()
+    first_of_1 = next(i for i, (step_ks, _) in enumerate(cap.draft_s) if len(step_ks) == 3 and step_ks.count(3) == 1)
+    assert cap.draft_s[0][0] == [2, 0] and cap.draft_s[0][1] is None      # job 0's first drafts: its prefill
+    assert cap.draft_s[first_of_1][1] is None                               # job 1's first drafts
+    timed = [i for i, (_, d) in enumerate(cap.draft_s) if d is not None]
+    assert timed and set(range(len(cap.draft_s))) - set(timed) == {0, first_of_1}  # every other step is a sample
 
 
 def test_random_joins_cancellations_and_chunks_keep_every_request_its_own() -> None:
