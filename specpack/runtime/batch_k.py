@@ -18,7 +18,10 @@ Each row's own k policy (k_policy.py, adaptive_k.py) picks its k as if it ran al
                scheduler measured, V interpolated between measured T like adaptive_k's V(k) (and at least the prior
                slope outside them). kappa = 0 wins when a batch of single rows already keeps the device busy
                (compute-bound: V grows with T, so verified drafts that are rejected cost as much as emitted tokens).
-               Until anything is measured the cap is k_max (each row's own policy).
+               Until anything is measured the cap is k_max (each row's own policy). While kappa = 0 wins, every
+               `probe_every` steps one step is capped at the best kappa >= 1 instead (the interval doubling while 0
+               keeps winning, up to `probe_max`, as adaptive_k's probes), so d_B and the acceptance are measured
+               again: a cap of 0 drafts nothing, so nothing else would ever correct an estimate that put it there.
 
 Seeded sampling rows are never capped (scheduler.py: their tokens must follow their seed alone).
 """
@@ -70,6 +73,8 @@ class BatchKCap:
         self.verify: list[deque[float]] = [deque(maxlen=window) for _ in range(most + 1)]  # [most + 1] V(T) by T
         self.per_draft: deque[float] = deque(maxlen=window)  # d_B samples: the draft phase / the most drafts of a row
         self._tokens = [0.0] * (k_max + 1)                   # [k_max+1] 1 + E[accepted | kappa]
+        self._idle = 0                                       # consecutive caps of 0 since the last probe
+        self._probe_interval = self.config.probe_every
 
     def cap(self, rows: int) -> int:
         known = [(t, statistics.median(s)) for t, s in enumerate(self.verify) if s]
@@ -77,14 +82,23 @@ class BatchKCap:
             return UNCAPPED
         self.acceptance.expected_accepted(self._tokens)
         d = statistics.median(self.per_draft) if self.per_draft else 0.0
-        best, best_rate = 0, -1.0
+        rates = []
         for kappa in range(self.k_max + 1):
             t = min(padded_rows([kappa] * rows), len(self.verify) - 1)
             time_s = kappa * d + _interpolate(known, t, self.config.verify_slope)
-            rate = rows * (1.0 + self._tokens[kappa]) / time_s if time_s > 0 else float("inf")
-            if rate > best_rate:
-                best, best_rate = kappa, rate
-        return best
+            rates.append(rows * (1.0 + self._tokens[kappa]) / time_s if time_s > 0 else float("inf"))
+        best = max(range(len(rates)), key=rates.__getitem__)  # the first of equal rates: the fewest drafts
+        if best > 0 or self.k_max == 0:
+            self._idle, self._probe_interval = 0, self.config.probe_every
+            return best
+        self._idle += 1
+        if self._idle < self._probe_interval:
+            return 0
+        # a probe: the best kappa >= 1, so d_B and the acceptance are measured again (a cap of 0 drafts nothing, so
+        # nothing else would ever correct them); the interval doubles while 0 keeps winning, up to probe_max
+        self._idle = 0
+        self._probe_interval = min(2 * self._probe_interval, self.config.probe_max)
+        return max(range(1, len(rates)), key=rates.__getitem__)
 
     def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
         if not ks:

@@ -54,6 +54,23 @@ def test_a_step_is_priced_at_its_widest_row() -> None:
     assert cap.cap(4) == 1  # drafting pays only where it is free: k 1 fills the second row of every run
 
 
+def test_a_cap_of_zero_is_probed_again() -> None:
+    """Where drafting was measured too dear (a bad d_B sample: the draft's prefill once landed in it), k 0 wins; a cap
+    of 0 drafts nothing, so every probe_every steps one step is capped at the best kappa >= 1 instead, the interval
+    doubling while 0 keeps winning (up to probe_max), as adaptive k's probes."""
+    config = AdaptiveConfig(prior_acceptance=0.8, prior_weight=50.0, probe_every=4, probe_max=8)
+    cap = BatchKCap(4, 4, config)
+    for ks in ([0, 0, 0, 0], [2, 2, 2, 2]):
+        cap.observe(ks, [1 if k else 0 for k in ks], 10.0 * max(ks), 0.1 * padded_rows(ks))  # 5 s a draft
+    caps = [cap.cap(4) for _ in range(22)]
+    probes = [i for i, c in enumerate(caps) if c > 0]
+    assert probes == [3, 11, 19] and {caps[i] for i in probes} == {1}  # after 4, then 8 (probe_max) steps at 0
+    cap.observe([1] * 4, [1] * 4, None, 0.1 * padded_rows([1] * 4))  # a probe whose drafts caught up: no d_B sample
+    for _ in range(5):
+        cap.observe([1] * 4, [1] * 4, 0.001, 0.1 * padded_rows([1] * 4))  # probes that measure drafting cheap
+    assert cap.cap(4) >= 1  # drafting wins again
+
+
 def test_nothing_is_capped_before_anything_is_measured() -> None:
     assert BatchKCap(4, 8).cap(8) == UNCAPPED and NoCap().cap(64) == UNCAPPED
 
