@@ -175,17 +175,19 @@ class MemorySampler:
 
 
 def open_pack(pack_dir: Path, device: str, slots: int, precapture: bool = True) -> Any:
-    """The pack on the cuda backend: on the card (specpack.load), or with device "cpu" the same backend's code on the
-    CPU EP (the dry run; as tests/runtime/test_cuda_batched.py opens it: the cpu backend refuses fp16 packs).
-    precapture: every per-slot chain shape run at load (backends/cuda_precapture.py: every slot, or slot 0 alone for a
-    pack with batched graphs above one slot)."""
+    """The pack on the cuda backend (specpack.load), or with device "cpu": a pack the cpu backend runs (fp32, int8,
+    int4) on it, an fp16 pack (which the cpu backend refuses) on the cuda backend's code over the CPU EP (the dry run;
+    as tests/runtime/test_cuda_batched.py opens it). precapture: every per-slot chain shape run at load
+    (backends/cuda_precapture.py: every slot, or slot 0 alone for a pack with batched graphs above one slot)."""
     import specpack
+    from specpack.contract.manifest import Manifest
     from specpack.runtime.backend import BackendOptions
 
     options = BackendOptions(slots=slots, precapture=precapture)
     if device == "cuda":
         return specpack.load(pack_dir, device="cuda", options=options)
-    from specpack.contract.manifest import Manifest
+    if Manifest.read(pack_dir).target.dtype != "fp16":
+        return specpack.load(pack_dir, device="cpu", options=BackendOptions(slots=slots))
     from specpack.runtime.backends.cuda import CudaBackend
     from specpack.runtime.pack import Pack
     from specpack.runtime.tokenizer import PackTokenizer
@@ -259,7 +261,8 @@ def finish(out: Outcome, t0: float, clock: PieceClock, generation: Any) -> None:
     out.tokens = list(generation.tokens)
     out.latency_s = time.perf_counter() - t0
     out.stats = {key: generation.stats.get(key) for key in ("new_tokens", "steps", "proposed", "accepted", "ttft_s",
-                                                             "decode_s", "tokens_per_s", "k_histogram")}
+                                                             "decode_s", "tokens_per_s", "k_histogram",
+                                                             "k_asked_histogram", "draft_s", "verify_s")}
     if clock.first is not None:
         out.ttft_s = clock.first - t0
         if clock.last is not None and len(out.tokens) > 1:
@@ -373,6 +376,16 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
     return results
 
 
+def k_histogram(outcomes: list[Outcome], key: str = "k_histogram") -> list[int]:
+    """[k + 1] steps per k over the requests (each Generation's stats[key] summed: verified k, or k_asked_histogram)."""
+    total: list[int] = []
+    for o in outcomes:
+        for k, n in enumerate(o.stats.get(key) or []):
+            total.extend([0] * (k + 1 - len(total)))
+            total[k] += n
+    return total
+
+
 def summarize(name: str, clients: int, k: int | None, outcomes: list[Outcome], wall: float, load_s: float,
               planned: int, memory: dict[str, Any] | None, capped: bool = False) -> dict[str, Any]:
     ok = [o for o in outcomes if o.error is None]
@@ -392,7 +405,12 @@ def summarize(name: str, clients: int, k: int | None, outcomes: list[Outcome], w
               "itl_s": {"p50": quantile(itl, 0.5), "p99": quantile(itl, 0.99), "n": len(itl)},
               "prefill_ttft_s": {"p50": quantile(prefill, 0.5), "p99": quantile(prefill, 0.99)},
               "latency_s": {"p50": quantile(latency, 0.5), "p99": quantile(latency, 0.99)},
-              "request_tokens_per_s_p50": quantile(speed, 0.5), "memory": memory}
+              "request_tokens_per_s_p50": quantile(speed, 0.5), "memory": memory,
+              "proposed": sum(o.stats.get("proposed") or 0 for o in ok),
+              "accepted": sum(o.stats.get("accepted") or 0 for o in ok), "k_histogram": k_histogram(ok),
+              "k_asked_histogram": k_histogram(ok, "k_asked_histogram"),
+              "draft_s": sum(o.stats.get("draft_s") or 0.0 for o in ok),
+              "verify_s": sum(o.stats.get("verify_s") or 0.0 for o in ok)}
     ttft50, itl50 = result["ttft_s"]["p50"], result["itl_s"]["p50"]
     log(f"{name}: {len(ok)}/{planned} ok, {len(errors)} errors{' (capped)' if capped else ''}, "
         f"{result['tokens_per_s'] or 0:.1f} tok/s, TTFT p50 {ttft50 or 0:.3f} s, ITL p50 {(itl50 or 0) * 1e3:.2f} ms, "
@@ -484,7 +502,8 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", required=True)
     parser.add_argument("--json", type=Path, required=True)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                        help="cpu: the cuda backend's code on the CPU EP (a dry run on a tiny pack)")
+                        help="cpu: a pack the cpu backend runs, on it (the CPU load test); an fp16 pack: the cuda "
+                             "backend's code on the CPU EP (a dry run on a tiny pack)")
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--ks", nargs="+", default=["auto", "0"], help="k per batched configuration (auto or a number)")
     parser.add_argument("--max-batch", type=int, default=0,
