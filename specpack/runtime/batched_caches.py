@@ -57,6 +57,7 @@ class KVLayout:
 class BatchedCaches(Protocol):
     layout: KVLayout
     input_names: set[str]  # the graph's inputs (which head form it has)
+    launch_bound: bool     # a run costs its launch more than its rows (a GPU): pad rows are nearly free
 
     def rows(self, lo: int, hi: int) -> tuple[dict[str, Bound], dict[str, Bound]]:
         """The slots [lo, hi) of every buffer: (past bindings, present bindings), the same memory."""
@@ -64,6 +65,11 @@ class BatchedCaches(Protocol):
 
     def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound]) -> None:
         """Bind everything (by pointer) and run the graph once."""
+        ...
+
+    def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:
+        """An input of `shape` that no row of the run reads (a greedy batch's draft_probs [B, K, V]): a view of a
+        zero buffer kept at the largest size asked, so nothing is written per run (on a device: nothing copied in)."""
         ...
 
     def close(self) -> None: ...
@@ -75,12 +81,15 @@ CacheOpener: TypeAlias = "Callable[[KVLayout], BatchedCaches]"  # a backend's wa
 class HostCaches:
     """The caches as numpy buffers, a run through an OrtGraph's IOBinding (host memory, the CPU EP)."""
 
+    launch_bound = False  # the CPU: a run costs its rows
+
     def __init__(self, graph: OrtGraph, layout: KVLayout) -> None:
         self.graph, self.layout = graph, layout
         self.input_names = graph.input_names
         self._binding = graph.new_binding()
         self._kv = [np.zeros(layout.shape, layout.dtype) for _ in range(2 * layout.num_layers)]  # [slots, H, M, D]
         self._past, self._present = layout.names()
+        self._ignored = np.zeros(0, np.float32)  # flat; `ignored` views
 
     def rows(self, lo: int, hi: int) -> tuple[dict[str, Bound], dict[str, Bound]]:
         past: dict[str, Bound] = {name: kv[lo:hi] for name, kv in zip(self._past, self._kv, strict=True)}
@@ -89,6 +98,12 @@ class HostCaches:
 
     def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound]) -> None:
         self.graph.run(self._binding, _host(inputs), _host(outputs))
+
+    def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:
+        size = int(np.prod(shape))
+        if self._ignored.size < size or self._ignored.dtype != np.dtype(dtype):
+            self._ignored = np.zeros(size, dtype)
+        return self._ignored[:size].reshape(shape)
 
     def close(self) -> None:
         self.graph.close()

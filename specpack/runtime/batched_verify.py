@@ -4,7 +4,8 @@ request, greedy or sampling, verifies in the step's one run (docs/batching.md).
     per run of rows [lo, hi)   draft_counts k_b, token_counts S_b (pad rows: 0, S), temperature / top_k / top_p (the
                                request's; pad rows and prefill chunks: greedy), uniforms [B, K+1] (row b's
                                state.uniforms.verify[0, :k_b + 1]), draft_probs [B, K, V] (row b's q, one-hot on its
-                               drafts for a deterministic proposal, zeros for greedy: never read), K = max k_b
+                               drafts for a deterministic proposal; a greedy row's is never read, and a run
+                               without sampling rows binds the caches' `ignored` zeros instead), K = max k_b
     out                        n_accepted [B], next_token [B]: what the row's verify alone gives (the same chain rule,
                                the same uniforms)
 """
@@ -95,6 +96,8 @@ class BatchedTarget(BatchedRuns):
             else:                                                    # a deterministic proposal: q one-hot
                 q[r, :k_b] = 0.0
                 q[r, np.arange(k_b), proposal.tokens] = 1.0
+        if all(state.params.greedy for state, _ in verifies.values()):  # q read by no row: nothing written or copied
+            q = self.caches.ignored(q.shape, np.float32)
         head: dict[str, Bound] = {
                 names.DRAFT_COUNTS: self._counts[lo:hi], names.TOKEN_COUNTS: self._tokens[lo:hi], names.DRAFT_PROBS: q,
                 names.UNIFORMS: u, names.TEMPERATURE: self._temperature[lo:hi], names.TOP_K: self._top_k[lo:hi],

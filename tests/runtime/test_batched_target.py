@@ -134,6 +134,42 @@ def test_drafts_and_verifies_through_one_run_each(tiny_pack, batched_graph: tupl
     assert draft_engine.runs.count(3) > 3  # the rows' drafts ran together
 
 
+def test_rows_catch_up_together_where_a_run_costs_its_launch(tiny_pack, batched_graph: tuple[Path, Path],
+                                                              batched_draft_graph: Path) -> None:
+    """`together` (a GPU's default): rows whose draft trails (new requests, rows after k 0 steps) catch up in shared
+    runs, every row padded to the longest: the same drafts and tokens as one run per row (the CPU's default), in
+    fewer draft runs, one of them over several rows' catch-ups."""
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
+
+    pack_dir = tiny_pack("qwen2", "noisy")[0]
+    outcomes, runs = {}, {}
+    for together in (False, True):
+        with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=3)) as pack:
+            m = pack.manifest
+            rng = np.random.default_rng(5)
+            requests = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 10 + 7 * i).tolist(), 24, k=k,
+                                           drafter="model", limits=pack.limits) for i, k in enumerate((3, 0, 5))]
+            draft_engine = _engine(batched_draft_graph, m.draft, m, slots=3)
+            drafter = BatchedGreedyDrafter(draft_engine, together=together)
+            caught: list[int] = []  # rows of each catch-up run
+            real_run = draft_engine.run
+
+            def spy(tokens, real_run=real_run, caught=caught):  # type: ignore[no-untyped-def]
+                if min(len(t) for t in tokens.values()) > 2:  # a catch-up (a draft run feeds 1 or 2 tokens a row)
+                    caught.append(len(tokens))
+                return real_run(tokens)
+
+            draft_engine.run = spy  # type: ignore[method-assign]
+            pack.start_batching(batched=_engine(batched_graph[1], m.target, m, slots=3), batched_draft=drafter,
+                                batch_policy=NoCap())
+            out = [h.result(timeout=60) for h in [pack.submit(r) for r in requests]]
+            outcomes[together] = [(o.tokens, o.stats.accepted) for o in out]
+            runs[together] = (len(draft_engine.runs), caught)
+    assert outcomes[True] == outcomes[False]
+    assert max(runs[False][1]) == 1 and max(runs[True][1]) > 1, runs  # apart: one row a run; together: several
+    assert runs[True][0] < runs[False][0], runs
+
+
 def _earlier_greedy_graph(plain: Path, out: Path, vocab: int) -> None:
     """The batched greedy head of packs exported before 2026-12-06: the argmax at every position (`best` [B, S], no
     draft_counts / token_counts), for the engine's reading of older packs."""

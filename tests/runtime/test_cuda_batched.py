@@ -198,3 +198,30 @@ def test_only_slot_0_is_precaptured_where_batched_graphs_take_the_rows(batched_p
         backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=2, threads=1), device="cpu", precapture=True)
         assert backend.precapture_slots == len(want) and set(verified) == want, (sorted(set(verified)), want)
         backend.close()
+
+
+def test_a_greedy_batch_binds_no_draft_probs_of_its_own(batched_pack: tuple[Path, Manifest]) -> None:
+    """draft_probs [B, K, V] fp32 is read only by sampling rows: a run without one binds the caches' `ignored` zeros
+    (on a GPU nothing copied in; 155 MB a step at 64 rows and K 4), a run with one the host rows; the tokens are the
+    cpu backend's either way (test above)."""
+    pack_dir, m = batched_pack
+    reqs = requests(m.vocab_size)
+    with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False) as device:
+        batcher = device.start_batching(batch_policy=NoCap())
+        target = batcher.scheduler.verifier
+        assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
+        bound: list[tuple[bool, bool]] = []  # (a sampling row in the run, draft_probs is the ignored buffer's view)
+        real_run, caches = target.caches.run, target.caches
+
+        def spy(inputs, outputs):  # type: ignore[no-untyped-def]
+            q = inputs[names.DRAFT_PROBS]
+            sampling = bool((inputs[names.TEMPERATURE] > 0).any())
+            ignored = caches._ignored is not None and getattr(q, "ptr", None) == caches._ignored.ptr
+            bound.append((sampling, ignored))
+            real_run(inputs, outputs)
+
+        caches.run = spy  # type: ignore[method-assign]
+        for h in [device.submit(r) for r in reqs]:
+            h.result(timeout=120)
+    assert (False, True) in bound and (True, False) in bound, set(bound)
+    assert (True, True) not in bound and (False, False) not in bound, set(bound)

@@ -8,7 +8,8 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
                   binds numpy views [lo:hi]
     per run       ids, positions [B, S], mask [B, M], draft_counts, token_counts, sampling inputs [B], uniforms
                   [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, K+1] out: host arrays,
-                  copied by ONNX Runtime
+                  copied by ONNX Runtime; but a greedy batch's draft_probs (never read) is a view of a zero buffer
+                  on the device (`ignored`), not [B, K, V] fp32 copied in per step (155 MB at 64 rows and K 4)
     q             a sampling row drafted on its own slot (DeviceDraft) has its q on the device: read back into the
                   batched verify's host draft_probs (DeviceDraft.host_q, [1, k_max, V] fp32 per sampling row per step)
 
@@ -41,9 +42,11 @@ class DeviceCaches:
     def __init__(self, session: DeviceSession, layout: KVLayout, device: str) -> None:
         self.session, self.layout, self.device = session, layout, device
         self.input_names = session.input_names
+        self.launch_bound = device == "cuda"  # an uncaptured run's launches cost more than its rows (bench/README.md)
         self._buffers = [DeviceArray(layout.shape, layout.dtype, device) for _ in range(2 * layout.num_layers)]
         self._past, self._present = layout.names()
         self._binding = session.session.io_binding()
+        self._ignored: DeviceArray | None = None  # flat, zeros; `ignored` views
 
     def rows(self, lo: int, hi: int) -> tuple[dict[str, Bound], dict[str, Bound]]:
         shape = (hi - lo, *self.layout.shape[1:])                      # [B, H, M, D]
@@ -56,7 +59,14 @@ class DeviceCaches:
         bind(self._binding, self.device, inputs, outputs, self.session.input_names)
         self.session.run(self._binding, None)  # None: never captured
 
+    def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:
+        size = int(np.prod(shape))
+        if self._ignored is None or self._ignored.shape[0] < size or self._ignored.dtype != np.dtype(dtype):
+            self._ignored = DeviceArray((size,), dtype, self.device)
+        return self._ignored.view(tuple(shape))
+
     def close(self) -> None:
+        self._ignored = None
         self._binding.clear_binding_inputs()
         self._binding.clear_binding_outputs()
         self._buffers.clear()
