@@ -96,10 +96,11 @@ class BatchedTarget(BatchedRuns):
             else:                                                    # a deterministic proposal: q one-hot
                 q[r, :k_b] = 0.0
                 q[r, np.arange(k_b), proposal.tokens] = 1.0
+        probs: Bound = q
         if all(state.params.greedy for state, _ in verifies.values()):  # q read by no row: nothing written or copied
-            q = self.caches.ignored(q.shape, np.float32)
+            probs = self.caches.ignored(q.shape, np.float32)
         head: dict[str, Bound] = {
-                names.DRAFT_COUNTS: self._counts[lo:hi], names.TOKEN_COUNTS: self._tokens[lo:hi], names.DRAFT_PROBS: q,
+                names.DRAFT_COUNTS: self._counts[lo:hi], names.TOKEN_COUNTS: self._tokens[lo:hi], names.DRAFT_PROBS: probs,
                 names.UNIFORMS: u, names.TEMPERATURE: self._temperature[lo:hi], names.TOP_K: self._top_k[lo:hi],
                 names.TOP_P: self._top_p[lo:hi]}
         self.caches.run({**inputs, **head},
