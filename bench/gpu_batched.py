@@ -48,8 +48,11 @@ backend's pack_logits adds a logits output, on the CPU EP), so an fp16 gap on th
 each graph. The fp32 gaps cost the device machine's CPU about a forward of the prefix each (hence the bound); the
 converted target is here too (~/.cache/specpack/converted), so the rest cost no device time.
 
-JSON (--json, compact): settings, card, export_s, requests (id, prompt ids), configs (the measurements above),
-summary (per N: auto / k0 / alone ratios), batched.rows (tokens), divergences. A log line per configuration.
+JSON (--json, compact): settings, card, export_s, requests (id, prompt ids), configs (the measurements above, with
+k histograms, draft / verify seconds, and `alone_same_requests`: today's server on the configuration's own requests),
+summary (per N: auto / k0 over alone on the same requests), per_request (tokens, latency, TTFT, steps, acceptance),
+batched.rows (tokens), divergences. A log line per configuration. On a pack the cpu backend runs, --device cpu is the
+CPU load test (bench/README.md, "Closed-loop clients, TTFT at the client").
 
 The HTTP load test (bench/serve_load.py with the official openai client against `specpack serve --max-batch N
 --device cuda`) is not run here: bench/device/serve_load_gpu.sh runs it after this script, on wheels staged with
@@ -471,9 +474,22 @@ def add_gaps(found: list[dict[str, Any]], alone: dict[int, Outcome], planned: li
     return note or (f"{left} divergences' gaps left to bench/divergence_gaps.py (--gaps {limit})" if left else None)
 
 
+def alone_on(outcomes: list[Outcome], alone: dict[int, Outcome]) -> dict[str, Any] | None:
+    """Today's server on the requests a configuration ran (its first N of the plan, not alone's whole list): tokens
+    over the sum of their latencies, one after another, and their own speeds and TTFTs."""
+    same = [alone[o.index] for o in outcomes if o.index in alone and alone[o.index].error is None]
+    seconds = sum(o.latency_s or 0.0 for o in same)
+    if not same or not seconds:
+        return None
+    return {"requests": len(same), "tokens_per_s": sum(len(o.tokens) for o in same) / seconds,
+            "request_tokens_per_s_p50": quantile([o.stats["tokens_per_s"] for o in same if o.stats.get("tokens_per_s")],
+                                                 0.5),
+            "ttft_s_p50": quantile([o.ttft_s for o in same if o.ttft_s is not None], 0.5)}
+
+
 def summary(configs: dict[str, Any], clients: list[int]) -> dict[str, Any]:
-    """Per N: aggregate tokens/s of k auto over k 0 (speculation's share), each over alone; TTFT p50."""
-    alone = (configs.get("alone") or {}).get("tokens_per_s")
+    """Per N: aggregate tokens/s of k auto over k 0 (speculation's share), each over alone on the same requests
+    (`alone_same_requests`; alone's whole list where that is missing); TTFT p50."""
     out: dict[str, Any] = {}
     for n in clients:
         auto, k0 = configs.get(f"c{n}-auto"), configs.get(f"c{n}-k0")
@@ -481,12 +497,13 @@ def summary(configs: dict[str, Any], clients: list[int]) -> dict[str, Any]:
         if auto and k0 and k0["tokens_per_s"]:
             entry["speculation_auto_over_k0"] = auto["tokens_per_s"] / k0["tokens_per_s"]
         for name, c in (("auto", auto), ("k0", k0)):
-            if c and alone:
-                entry[f"{name}_over_alone"] = c["tokens_per_s"] / alone
+            alone = (c or {}).get("alone_same_requests") or configs.get("alone")
+            if c and alone and alone["tokens_per_s"]:
+                entry[f"{name}_over_alone"] = c["tokens_per_s"] / alone["tokens_per_s"]
                 entry[f"{name}_ttft_p50_s"] = c["ttft_s"]["p50"]
                 entry[f"{name}_request_speed_over_alone"] = (
-                    c["request_tokens_per_s_p50"] / configs["alone"]["request_tokens_per_s_p50"]
-                    if c["request_tokens_per_s_p50"] and configs["alone"]["request_tokens_per_s_p50"] else None)
+                    c["request_tokens_per_s_p50"] / alone["request_tokens_per_s_p50"]
+                    if c["request_tokens_per_s_p50"] and alone["request_tokens_per_s_p50"] else None)
         out[str(n)] = entry
     return out
 
@@ -581,14 +598,20 @@ def main() -> None:
             log(f"one client on max_batch {args.solo_max_batch} failed: {err!r}")
         result["configs"] = configs
         write()
+    for name, outcomes in runs.items():
+        if name != "alone" and isinstance(configs.get(name), dict):
+            configs[name]["alone_same_requests"] = alone_on(outcomes, alone)
     result["summary"] = summary(configs, args.clients)
     if (solo := configs.get(f"c1-b{args.solo_max_batch}-auto")) and configs.get("alone"):
-        alone_speed = configs["alone"]["request_tokens_per_s_p50"]
+        alone_speed = (solo.get("alone_same_requests") or configs["alone"])["request_tokens_per_s_p50"]
         result["summary"]["one_client_batcher"] = {
             "max_batch": args.solo_max_batch,
             "request_speed_over_alone": solo["request_tokens_per_s_p50"] / alone_speed if alone_speed else None,
             "latency_p50_over_alone": (solo["latency_s"]["p50"] / configs["alone"]["latency_s"]["p50"]
                                        if configs["alone"]["latency_s"]["p50"] else None)}
+    result["per_request"] = {name: [{"i": o.index, "tokens": len(o.tokens), "latency_s": o.latency_s, "ttft_s": o.ttft_s,
+                                     **{key: o.stats.get(key) for key in ("steps", "proposed", "accepted")}}
+                                    for o in outcomes if o.error is None] for name, outcomes in runs.items()}
     result["batched"] = {"rows": [{"id": p.id, "request": p.index, "ar": {"tokens": alone[p.index].tokens},
                                    **{name: {"tokens": o.tokens} for name, outs in runs.items() if name != "alone"
                                       for o in outs if o.index == p.index and o.error is None}}
