@@ -63,8 +63,10 @@ class BatchedCaches(Protocol):
         """The slots [lo, hi) of every buffer: (past bindings, present bindings), the same memory."""
         ...
 
-    def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound]) -> None:
-        """Bind everything (by pointer) and run the graph once."""
+    def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound], *, greedy: bool = False,
+            capture: bool = False) -> None:
+        """Bind everything (by pointer) and run the graph once. greedy: every row of the run is greedy (a device may run
+        a greedy form); capture: a decode step's run (S <= k_max + 1), which a device may run as a CUDA graph."""
         ...
 
     def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:
@@ -96,8 +98,9 @@ class HostCaches:
         present: dict[str, Bound] = {name: kv[lo:hi] for name, kv in zip(self._present, self._kv, strict=True)}
         return past, present
 
-    def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound]) -> None:
-        self.graph.run(self._binding, _host(inputs), _host(outputs))
+    def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound], *, greedy: bool = False,
+            capture: bool = False) -> None:
+        self.graph.run(self._binding, _host(inputs), _host(outputs))  # the CPU: one form, nothing captured
 
     def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:
         size = int(np.prod(shape))

@@ -91,12 +91,28 @@ class BatchedRuns:
         """One run over `tokens` (slot -> its new tokens) whose head output is dropped (a prefill chunk): the caches."""
         raise NotImplementedError
 
-    def bind(self, tokens: dict[int, np.ndarray]) -> tuple[int, int, int, dict[str, Bound], dict[str, Bound]]:
-        """A run over the slots [lo, hi) = [min, max] of `tokens` (slot -> its new tokens): (lo, hi, seq, inputs,
-        outputs) of the plain graph (ids, positions, mask, caches); the head's are the caller's. Records the run's
-        rows."""
+    def decode_step(self, seq: int) -> bool:
+        """Whether a run of width `seq` is a decode step's (at most k_max + 1 new tokens a row): the runs a device
+        captures, one CUDA graph per shape; prefills and catch-ups run uncaptured."""
+        return seq <= self.k_max + 1
+
+    def span(self, tokens: dict[int, np.ndarray], seq: int) -> tuple[int, int]:
+        """The slots a run covers: [min, max] of its rows; where a run costs its launch (a device, `launch_bound`) a
+        decode step covers [0, the next power of two >= max + 1, at most `slots`) instead, so that a few shapes (and
+        CUDA graphs) serve every batch: its extra rows are pad rows, if each has room for `seq` more cache rows."""
         lo, hi = min(tokens), max(tokens) + 1
+        if not (self.caches.launch_bound and self.decode_step(seq)):
+            return lo, hi
+        wide = min(self.slots, 1 << (hi - 1).bit_length())
+        if all(self.lengths[slot] + seq <= self.width for slot in range(wide) if slot not in tokens):
+            return 0, wide
+        return lo, hi
+
+    def bind(self, tokens: dict[int, np.ndarray]) -> tuple[int, int, int, dict[str, Bound], dict[str, Bound]]:
+        """A run over the slots [lo, hi) of `span` (slot -> its new tokens): (lo, hi, seq, inputs, outputs) of the plain
+        graph (ids, positions, mask, caches); the head's are the caller's. Records the run's rows."""
         seq = max(MIN_WIDTH, *(len(t) for t in tokens.values()))
+        lo, hi = self.span(tokens, seq)
         batch = hi - lo
         ids = self._ids[: batch * seq].reshape(batch, seq)      # [B, S]
         pos = self._pos[: batch * seq].reshape(batch, seq)      # [B, S]
@@ -165,7 +181,7 @@ class BatchedGreedyTarget(BatchedRuns):
         best = self._best[: (hi - lo) * rows].reshape(-1, rows)  # [B, K+1] ([B, S]: the older head)
         if self._selects:
             inputs = {**inputs, names.DRAFT_COUNTS: counts, names.TOKEN_COUNTS: lengths}
-        self.caches.run(inputs, {names.BEST: best, **outputs})
+        self.caches.run(inputs, {names.BEST: best, **outputs}, greedy=True, capture=self.decode_step(seq))
         out = {}
         for slot in tokens:
             r = slot - lo

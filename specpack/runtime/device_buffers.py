@@ -30,11 +30,13 @@ class DeviceView(NamedTuple):
 
 
 class DeviceArray:
-    """A buffer of `shape` allocated once on `device` ("cuda" or "cpu"), zero-filled."""
+    """A buffer of `shape` allocated once on `device` ("cuda" or "cpu"), zero-filled (or a copy of `host`)."""
 
-    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | type, device: str, device_id: int = 0) -> None:
+    def __init__(self, shape: tuple[int, ...], dtype: np.dtype | type, device: str, device_id: int = 0,
+                 host: np.ndarray | None = None) -> None:
         self.shape, self.dtype = tuple(shape), np.dtype(dtype)
-        self.value = ort.OrtValue.ortvalue_from_numpy(np.zeros(self.shape, self.dtype), device, device_id)
+        first = np.zeros(self.shape, self.dtype) if host is None else np.ascontiguousarray(host, self.dtype)
+        self.value = ort.OrtValue.ortvalue_from_numpy(first, device, device_id)
         self.ptr: int = self.value.data_ptr()
 
     def view(self, shape: tuple[int, ...] | None = None, offset: int = 0) -> DeviceView:

@@ -123,7 +123,8 @@ def test_device_batched_engines_give_the_cpu_engines_tokens(batched_pack: tuple[
 def test_a_range_of_slots_is_bound_at_its_offset() -> None:
     layout = KVLayout(num_layers=1, kv_heads=2, head_dim=3, width=5, slots=4, dtype=np.dtype(np.float16))
 
-    session = SimpleNamespace(session=SimpleNamespace(io_binding=lambda: None), input_names=set())  # a DeviceSession's
+    session = SimpleNamespace(session=SimpleNamespace(io_binding=lambda: None), input_names=set(),  # a DeviceSession's
+                              capture=False)
     caches = DeviceCaches(session, layout, "cpu")  # type: ignore[arg-type]
     past, present = caches.rows(1, 3)
     base = caches._buffers[0].ptr
@@ -213,15 +214,49 @@ def test_a_greedy_batch_binds_no_draft_probs_of_its_own(batched_pack: tuple[Path
         bound: list[tuple[bool, bool]] = []  # (a sampling row in the run, draft_probs is the ignored buffer's view)
         real_run, caches = target.caches.run, target.caches
 
-        def spy(inputs, outputs):  # type: ignore[no-untyped-def]
+        def spy(inputs, outputs, **how):  # type: ignore[no-untyped-def]
             q = inputs[names.DRAFT_PROBS]
             sampling = bool((inputs[names.TEMPERATURE] > 0).any())
             ignored = caches._ignored is not None and getattr(q, "ptr", None) == caches._ignored.ptr
             bound.append((sampling, ignored))
-            real_run(inputs, outputs)
+            real_run(inputs, outputs, **how)
 
         caches.run = spy  # type: ignore[method-assign]
         for h in [device.submit(r) for r in reqs]:
             h.result(timeout=120)
     assert (False, True) in bound and (True, False) in bound, set(bound)
     assert (True, True) not in bound and (False, False) not in bound, set(bound)
+
+
+def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
+        batched_pack: tuple[Path, Manifest]) -> None:
+    """What the cuda backend does on a GPU, on the CPU EP (where nothing is captured): decode steps over slots [0, 2^n)
+    at fixed addresses (a binding per run shape, bound once, host inputs and outputs through device staging buffers),
+    greedy batches on the verify graph's greedy form (graphs/batched_greedy_form.py), the rest on the graph as
+    exported: the cpu backend's batched tokens, every request's lone tokens."""
+    pack_dir, m = batched_pack
+    rng = np.random.default_rng(3)
+    greedy_only = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 9 + 2 * i).tolist(), 16, k=2 + i % 2)
+                   for i in range(SLOTS)]  # a batch without sampling rows: the greedy form's
+    with open_pack(pack_dir, m, OrtBackend) as host:
+        on_host = [batched_tokens(host, reqs)[0] for reqs in (requests(m.vocab_size), greedy_only)]
+    with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False, batched_greedy=True) as device:
+        batcher = device.start_batching(batch_policy=NoCap())
+        target, drafter = batcher.scheduler.verifier, batcher.scheduler.row_drafter
+        assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
+        draft = drafter.engine  # type: ignore[union-attr]
+        greedy_session = target.caches.greedy_session
+        assert greedy_session is not None
+        for caches in (target.caches, draft.caches):
+            caches.staged = caches.launch_bound = True  # as on a GPU
+        forms: list[str] = []
+        for label, session in (("greedy", greedy_session), ("exported", target.caches.session)):
+            real = session.run
+            session.run = lambda binding, key, real=real, label=label: (forms.append(label), real(binding, key))[1]  # type: ignore[method-assign]
+        on_device = [[h.result(timeout=120).tokens for h in [device.submit(r) for r in reqs]]
+                     for reqs in (requests(m.vocab_size), greedy_only)]
+        fixed = (len(target.caches._fixed), len(draft.caches._fixed))
+    assert on_device == on_host
+    assert {"greedy", "exported"} <= set(forms)  # greedy batches on the greedy form, the others as exported
+    assert fixed[0] > 0 and fixed[1] > 0  # decode steps through bindings bound once per shape
+    assert 3 not in target.runs and 4 in target.runs  # decode steps over [0, 2^n), prefills over their row

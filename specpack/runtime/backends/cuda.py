@@ -35,6 +35,7 @@ the CPU EP (tests, no capture).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -481,11 +482,13 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
     name = "cuda"
 
     def __init__(self, path: Path, manifest: Manifest, options: BackendOptions, *, device: str = "cuda",
-                 cuda_graphs: bool = True, chunked_runs: bool | None = None, precapture: bool | None = None) -> None:
+                 cuda_graphs: bool = True, chunked_runs: bool | None = None, precapture: bool | None = None,
+                 batched_greedy: bool | None = None) -> None:
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
         chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
         are captured); precapture: every chain shape run at load, the draft opened then (cuda_precapture.py; None:
-        options.precapture where graphs are captured)."""
+        options.precapture where graphs are captured); batched_greedy: greedy batches on the batched verify graph's
+        greedy form (cuda_batched.py; None: where graphs are captured)."""
         refuse_cpu_only(manifest, "cuda", static_heads=True, trees=True)
         for label, entry in manifest.models():  # an n-gram pack has no draft model
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
@@ -510,6 +513,7 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         self.cuda_graphs = cuda_graphs and options.cuda_graphs and device == "cuda"
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
         self.precapture = self.cuda_graphs and options.precapture if precapture is None else precapture
+        self.batched_greedy = self.cuda_graphs if batched_greedy is None else batched_greedy
         # the slots whose shapes precapture runs: slot 0 alone where batched graphs take a batch's rows (cuda_precapture)
         self.precapture_slots = 1 if manifest.target.batched is not None and options.slots > 1 else options.slots
         self.drafts_max = manifest.k_max if tree is None else tree.max_nodes  # the most drafts (nodes) a verify takes
@@ -542,11 +546,13 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
             return DeviceHead(self, self.manifest.head, self._target.engine.features)
         return DeviceDraft(self, self.manifest.draft)
 
-    def open_session(self, entry: ModelEntry | HeadEntry, greedy: bool, capture: bool | None = None) -> DeviceSession:
+    def open_session(self, entry: ModelEntry | HeadEntry, greedy: bool, capture: bool | None = None,
+                     greedy_form_of: Callable[[Path, bytes | None], bytes] | None = None) -> DeviceSession:
         """The greedy form (If inlined, captured where the EP allows) or the graph as exported, its cache writes an
         element per index (graphs/element_scatter.py); for a pinned pack (options.verified_reads) from bytes hashed as
         they are read, whenever the session opens. capture: whether the session captures CUDA graphs (None: the greedy
-        form does, where the backend captures)."""
+        form does, where the backend captures); greedy_form_of: how the greedy form is made (default
+        graphs/greedy_form.py's; a batched verify graph's: graphs/batched_greedy_form.py)."""
         graph_path = self.path / entry.graph.path
         model: Path | bytes = graph_path
         external = None
@@ -559,7 +565,7 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         from specpack.graphs.greedy_form import greedy_form
 
         if greedy:
-            model = greedy_form(graph_path, model if isinstance(model, bytes) else None)
+            model = (greedy_form_of or greedy_form)(graph_path, model if isinstance(model, bytes) else None)
         # cache writes one element per index: ONNX Runtime's CUDA ScatterND copies a row per thread, serially
         model = element_scatter_bytes(model if isinstance(model, bytes) else graph_path.read_bytes())
         capture = greedy and self.cuda_graphs if capture is None else capture

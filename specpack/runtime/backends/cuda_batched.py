@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,15 +37,25 @@ if TYPE_CHECKING:
 
 
 class DeviceCaches:
-    """BatchedCaches on an ONNX Runtime device (runtime/batched_caches.py): one IOBinding, rebound per run."""
+    """BatchedCaches on an ONNX Runtime device (runtime/batched_caches.py). A run is uncaptured (one IOBinding per
+    session, rebound per run), or, asked to `capture` (a decode step: S <= k_max + 1) where the session captures,
+    a fixed-address run (`_run_fixed`): every host input and output staged in a device buffer of its name and shape,
+    one IOBinding per run shape bound once, the session's CUDA graph for that shape replayed (docs/batching.md, "On the
+    GPU"). A verify graph's greedy form (graphs/batched_greedy_form.py, `greedy_session`) runs the batches whose rows
+    are all greedy: the graph as exported has a Scan over rows with the sampling If inside, which no CUDA graph takes."""
 
-    def __init__(self, session: DeviceSession, layout: KVLayout, device: str) -> None:
-        self.session, self.layout, self.device = session, layout, device
+    def __init__(self, session: DeviceSession, layout: KVLayout, device: str,
+                 greedy_session: DeviceSession | None = None) -> None:
+        self.session, self.greedy_session, self.layout, self.device = session, greedy_session, layout, device
         self.input_names = session.input_names
         self.launch_bound = device == "cuda"  # an uncaptured run's launches cost more than its rows (bench/README.md)
+        # fixed-address runs where a session captures (tests set it on the CPU EP, where nothing is captured)
+        self.staged = any(s is not None and s.capture for s in (session, greedy_session))
         self._buffers = [DeviceArray(layout.shape, layout.dtype, device) for _ in range(2 * layout.num_layers)]
         self._past, self._present = layout.names()
-        self._binding = session.session.io_binding()
+        self._binding = {id(s): s.session.io_binding() for s in (session, greedy_session) if s is not None}
+        self._fixed: dict[tuple[Any, ...], Any] = {}                       # run shape -> its IOBinding, bound once
+        self._stage: dict[tuple[Any, ...], DeviceArray] = {}               # (in/out, name, shape, dtype) -> buffer
         self._ignored: DeviceArray | None = None  # flat, zeros; `ignored` views
 
     def rows(self, lo: int, hi: int) -> tuple[dict[str, Bound], dict[str, Bound]]:
@@ -55,9 +65,66 @@ class DeviceCaches:
         present: dict[str, Bound] = dict(zip(self._present, views, strict=True))
         return past, present
 
-    def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound]) -> None:
-        bind(self._binding, self.device, inputs, outputs, self.session.input_names)
-        self.session.run(self._binding, None)  # None: never captured
+    def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound], *, greedy: bool = False,
+            capture: bool = False) -> None:
+        """A decode step, staged: at fixed addresses (on the greedy form if every row is greedy and there is one);
+        any other run uncaptured on the graph as exported, its host arrays copied to device buffers of this run where
+        runs are staged (a session that captures is never handed host memory), else bound as they are."""
+        if capture and self.staged:
+            greedy_form = self.greedy_session if greedy and self.greedy_session is not None else None
+            self._run_fixed(greedy_form or self.session, inputs, outputs)
+            return
+        binding = self._binding[id(self.session)]
+        if not self.staged:
+            bind(binding, self.device, inputs, outputs, self.session.input_names)
+            self.session.run(binding, None)  # None: not captured
+            return
+        wanted = {name: v for name, v in inputs.items() if name in self.session.input_names}
+        copies = {name: DeviceArray(v.shape, v.dtype, self.device, host=v) for name, v in wanted.items()
+                  if isinstance(v, np.ndarray)}
+        results = {name: DeviceArray(v.shape, v.dtype, self.device) for name, v in outputs.items()
+                   if isinstance(v, np.ndarray)}
+        bind(binding, self.device, {**wanted, **{n: a.view() for n, a in copies.items()}},
+             {**outputs, **{n: a.view() for n, a in results.items()}})
+        self.session.run(binding, None)
+        for name, result in results.items():
+            np.copyto(outputs[name], result.read())  # type: ignore[arg-type]
+
+    def _run_fixed(self, session: DeviceSession, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound]) -> None:
+        """The run at fixed addresses: host arrays through staging buffers, the binding of this shape bound once, the
+        shape's CUDA graph (captured on its first runs, then replayed). A capture that fails turns the session's
+        capture off (the run again, uncaptured; `session.error` says why)."""
+        wanted = {name: v for name, v in inputs.items() if name in session.input_names}
+        host_in = {name: v for name, v in wanted.items() if isinstance(v, np.ndarray)}
+        host_out = {name: v for name, v in outputs.items() if isinstance(v, np.ndarray)}
+        key = (id(session), *sorted((name, v.shape, v.ptr) for name, v in {**wanted, **outputs}.items()
+                                    if not isinstance(v, np.ndarray)),
+               *sorted(("in", name, v.shape) for name, v in host_in.items()),
+               *sorted(("out", name, v.shape) for name, v in host_out.items()))
+        staged_in = {name: self._staged("in", name, v) for name, v in host_in.items()}
+        staged_out = {name: self._staged("out", name, v) for name, v in host_out.items()}
+        binding = self._fixed.get(key)
+        if binding is None:
+            binding = self._fixed[key] = session.session.io_binding()
+            bind(binding, self.device, {**wanted, **{n: a.view() for n, a in staged_in.items()}},
+                 {**outputs, **{n: a.view() for n, a in staged_out.items()}})
+        for name, v in host_in.items():
+            staged_in[name].write(np.ascontiguousarray(v))
+        try:
+            session.run(binding, key)
+        except Exception as err:  # onnxruntime's own types: a node the graph capture does not take
+            if not session.capture:
+                raise
+            session.capture, session.error = False, f"batched capture refused: {str(err).splitlines()[0]}"
+            session.run(binding, None)
+        for name, v in host_out.items():
+            np.copyto(v, staged_out[name].read())
+
+    def _staged(self, way: str, name: str, host: np.ndarray) -> DeviceArray:
+        key = (way, name, host.shape, host.dtype.str)
+        if (buffer := self._stage.get(key)) is None:
+            buffer = self._stage[key] = DeviceArray(host.shape, host.dtype, self.device)
+        return buffer
 
     def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:
         size = int(np.prod(shape))
@@ -67,8 +134,11 @@ class DeviceCaches:
 
     def close(self) -> None:
         self._ignored = None
-        self._binding.clear_binding_inputs()
-        self._binding.clear_binding_outputs()
+        for binding in [*self._binding.values(), *self._fixed.values()]:
+            binding.clear_binding_inputs()
+            binding.clear_binding_outputs()
+        self._fixed.clear()
+        self._stage.clear()
         self._buffers.clear()
 
 
@@ -77,10 +147,28 @@ def open_device_batched(backend: CudaBackend, max_batch: int) -> BatchedEngines 
     batched graphs."""
 
     def open_graph(entry: ModelEntry, form: BatchedForm) -> CacheOpener:
-        session = backend.open_session(entry.model_copy(update={"graph": form.graph}), greedy=False, capture=False)
-        return partial(DeviceCaches, session, device=backend.device)
+        entry = entry.model_copy(update={"graph": form.graph})
+        if form.head == "greedy":  # the argmax head: no control flow, captured as exported
+            return partial(DeviceCaches, backend.open_session(entry, greedy=False, capture=backend.cuda_graphs),
+                           device=backend.device)
+        session = backend.open_session(entry, greedy=False, capture=False)
+        greedy = None
+        if backend.batched_greedy:  # greedy batches on the greedy form, captured (a third copy of the weights)
+            from specpack.graphs.batched_greedy_form import batched_greedy_form
+
+            greedy = backend.open_session(_without_sampling_inputs(entry), greedy=True, capture=backend.cuda_graphs,
+                                          greedy_form_of=batched_greedy_form)
+        return partial(DeviceCaches, session, device=backend.device, greedy_session=greedy)
 
     return open_batched(backend.manifest, max_batch, open_graph, partial(_draft_q, backend))
+
+
+def _without_sampling_inputs(entry: ModelEntry) -> ModelEntry:
+    """The entry of a batched verify graph's greedy form: the graph's inputs but those only sampling rows read."""
+    from specpack.graphs.batched_greedy_form import SAMPLING_INPUTS
+
+    inputs = [spec for spec in entry.graph.inputs if spec.name not in SAMPLING_INPUTS]
+    return entry.model_copy(update={"graph": entry.graph.model_copy(update={"inputs": inputs})})
 
 
 def _draft_q(backend: CudaBackend, state: DecodeState, proposal: Proposal) -> np.ndarray:
