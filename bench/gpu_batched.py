@@ -63,9 +63,9 @@ minute with the export):
     python -c "import sys; sys.path.insert(0, 'tests'); from pathlib import Path; import tiny; \\
         tiny.make_pair('qwen2', Path('/tmp/gb-tiny'), 'noisy', head_dim=16, max_positions=512)"
     python bench/gpu_batched.py --work /tmp/gb --target /tmp/gb-tiny/qwen2-target --draft /tmp/gb-tiny/qwen2-draft-noisy \\
-        --max-len 256 --max-batch-export 4 --device cpu --clients 1 2 4 --min-requests 4 --max-new-tokens 24 \\
-        --max-prompt-tokens 96 --json /tmp/gb/out.json --prompts HumanEval.jsonl.gz mt_bench_question.jsonl \\
-        spec_bench_question.jsonl
+        --max-len 256 --max-batch-export 4 --solo-max-batch 4 --device cpu --clients 1 2 4 --min-requests 4 \\
+        --max-new-tokens 24 --max-prompt-tokens 96 --json /tmp/gb/out.json --prompts HumanEval.jsonl.gz \\
+        mt_bench_question.jsonl spec_bench_question.jsonl
 """
 
 from __future__ import annotations
@@ -374,9 +374,26 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
                        "rows_per_iteration_mean": statistics.fmean(rows) if rows else None}
             results.append((name, result, outcomes))
         mem = memory.stop()
+        captured = batched_capture(batcher)
     for _, result, _ in results:
         result["memory"] = mem  # one load for both k: its peak
+        result["batched_capture"] = captured
     return results
+
+
+def batched_capture(batcher: Any) -> dict[str, Any]:
+    """Per batched session (the target's verify graph, its greedy form, the draft's graph): whether it captures CUDA
+    graphs, how many shapes it captured, why a capture was refused (backends/cuda_batched.py)."""
+    engines = {"target": batcher.scheduler.verifier,
+               "draft": getattr(batcher.scheduler.row_drafter, "engine", None)}
+    out: dict[str, Any] = {}
+    for label, engine in engines.items():
+        caches = getattr(engine, "caches", None)
+        for form, session in (("", getattr(caches, "session", None)), (" greedy form", getattr(caches, "greedy_session", None))):
+            if session is not None and hasattr(session, "graphs_captured"):
+                out[label + form] = {"capture": session.capture, "captured_shapes": session.graphs_captured,
+                                     "refused": session.error}
+    return out
 
 
 def k_histogram(outcomes: list[Outcome], key: str = "k_histogram") -> list[int]:

@@ -7,14 +7,22 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
                   [hi - lo, kv_heads, M, head_dim], past and present the same view (written in place), as HostCaches
                   binds numpy views [lo:hi]
     per run       ids, positions [B, S], mask [B, M], draft_counts, token_counts, sampling inputs [B], uniforms
-                  [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, K+1] out: host arrays,
-                  copied by ONNX Runtime; but a greedy batch's draft_probs (never read) is a view of a zero buffer
-                  on the device (`ignored`), not [B, K, V] fp32 copied in per step (155 MB at 64 rows and K 4)
+                  [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, K+1] out: host arrays;
+                  a greedy batch's draft_probs (never read) is a view of a zero buffer on the device (`ignored`), not
+                  [B, K, V] fp32 copied in per step (155 MB at 64 rows and K 4)
+    decode steps  (S <= k_max + 1; `staged` where a session captures) over slots [0, 2^n) (BatchedRuns.span), every
+                  host array staged in a device buffer of its name and shape, one IOBinding per run shape bound once,
+                  the shape's CUDA graph captured on its first runs and replayed after (`_run_fixed`); other runs
+                  (prefills, catch-ups) uncaptured on the graph as exported, their host arrays copied to device
+                  buffers of the run
     q             a sampling row drafted on its own slot (DeviceDraft) has its q on the device: read back into the
                   batched verify's host draft_probs (DeviceDraft.host_q, [1, k_max, V] fp32 per sampling row per step)
 
-Sessions: the graph as exported with its cache writes widened per element (CudaBackend.open_session, greedy=False),
-never captured: B and S change from run to run (a CUDA graph per (B, S) shape is future work).
+Sessions (CudaBackend.open_session; cache writes widened per element): the draft's batched graph (its argmax head has
+no control flow) captured as exported; the target's batched verify graph as exported, uncaptured (its head is a Scan
+over rows with the sampling If inside), and its greedy form (graphs/batched_greedy_form.py), captured, for the decode
+steps whose rows are all greedy (CudaBackend.batched_greedy, by default where the backend captures: the target's
+weights once more on the device). A capture ONNX Runtime refuses turns that session's capture off (`error` says why).
 """
 
 from __future__ import annotations
