@@ -10,11 +10,11 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
                   [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, K+1] out: host arrays;
                   a greedy batch's draft_probs (never read) is a view of a zero buffer on the device (`ignored`), not
                   [B, K, V] fp32 copied in per step (155 MB at 64 rows and K 4)
-    decode steps  (S <= k_max + 1; `staged` where a session captures) over slots [0, 2^n) (BatchedRuns.span), every
-                  host array staged in a device buffer of its name and shape, one IOBinding per run shape bound once,
-                  the shape's CUDA graph captured on its first runs and replayed after (`_run_fixed`); other runs
-                  (prefills, catch-ups) uncaptured on the graph as exported, their host arrays copied to device
-                  buffers of the run
+    decode steps  (S <= k_max + 1) on a session that captures: over slots [0, 2^n) (BatchedRuns.span), every host
+                  array staged in a device buffer of its name and shape, one IOBinding per run shape bound once, the
+                  shape's CUDA graph captured on its first runs and replayed after (`_run_fixed`); other runs
+                  (prefills, catch-ups, batches with a sampling row) uncaptured, their host arrays copied to device
+                  buffers of the run where a session of these caches captures (`staged`)
     q             a sampling row drafted on its own slot (DeviceDraft) has its q on the device: read back into the
                   batched verify's host draft_probs (DeviceDraft.host_q, [1, k_max, V] fp32 per sampling row per step)
 
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 
 class DeviceCaches:
     """BatchedCaches on an ONNX Runtime device (runtime/batched_caches.py). A run is uncaptured (one IOBinding per
-    session, rebound per run), or, asked to `capture` (a decode step: S <= k_max + 1) where the session captures,
+    session, rebound per run), or, asked to `capture` (a decode step: S <= k_max + 1) on a session that captures,
     a fixed-address run (`_run_fixed`): every host input and output staged in a device buffer of its name and shape,
     one IOBinding per run shape bound once, the session's CUDA graph for that shape replayed (docs/batching.md, "On the
     GPU"). A verify graph's greedy form (graphs/batched_greedy_form.py, `greedy_session`) runs the batches whose rows
@@ -57,7 +57,7 @@ class DeviceCaches:
         self.session, self.greedy_session, self.layout, self.device = session, greedy_session, layout, device
         self.input_names = session.input_names
         self.launch_bound = device == "cuda"  # an uncaptured run's launches cost more than its rows (bench/README.md)
-        # fixed-address runs where a session captures (tests set it on the CPU EP, where nothing is captured)
+        # where a session captures, no run binds host memory (its host arrays copied to the device first)
         self.staged = any(s is not None and s.capture for s in (session, greedy_session))
         self._buffers = [DeviceArray(layout.shape, layout.dtype, device) for _ in range(2 * layout.num_layers)]
         self._past, self._present = layout.names()
@@ -75,26 +75,27 @@ class DeviceCaches:
 
     def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound], *, greedy: bool = False,
             capture: bool = False) -> None:
-        """A decode step, staged: at fixed addresses (on the greedy form if every row is greedy and there is one);
-        any other run uncaptured on the graph as exported, its host arrays copied to device buffers of this run where
-        runs are staged (a session that captures is never handed host memory), else bound as they are."""
-        if capture and self.staged:
-            greedy_form = self.greedy_session if greedy and self.greedy_session is not None else None
-            self._run_fixed(greedy_form or self.session, inputs, outputs)
+        """On the greedy form if every row is greedy and there is one, else on the graph as exported: a decode step on
+        a session that captures at fixed addresses (`_run_fixed`); any other run uncaptured, its host arrays copied to
+        device buffers of this run where `staged` (a session that captures is never handed host memory), else bound
+        as they are (ONNX Runtime copies them)."""
+        session = self.greedy_session if greedy and self.greedy_session is not None else self.session
+        if capture and session.capture:
+            self._run_fixed(session, inputs, outputs)
             return
-        binding = self._binding[id(self.session)]
+        binding = self._binding[id(session)]
         if not self.staged:
-            bind(binding, self.device, inputs, outputs, self.session.input_names)
-            self.session.run(binding, None)  # None: not captured
+            bind(binding, self.device, inputs, outputs, session.input_names)
+            session.run(binding, None)  # None: not captured
             return
-        wanted = {name: v for name, v in inputs.items() if name in self.session.input_names}
+        wanted = {name: v for name, v in inputs.items() if name in session.input_names}
         copies = {name: DeviceArray(v.shape, v.dtype, self.device, host=v) for name, v in wanted.items()
                   if isinstance(v, np.ndarray)}
         results = {name: DeviceArray(v.shape, v.dtype, self.device) for name, v in outputs.items()
                    if isinstance(v, np.ndarray)}
         bind(binding, self.device, {**wanted, **{n: a.view() for n, a in copies.items()}},
              {**outputs, **{n: a.view() for n, a in results.items()}})
-        self.session.run(binding, None)
+        session.run(binding, None)
         for name, result in results.items():
             np.copyto(outputs[name], result.read())  # type: ignore[arg-type]
 
