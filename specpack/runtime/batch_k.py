@@ -22,6 +22,8 @@ Each row's own k policy (k_policy.py, adaptive_k.py) picks its k as if it ran al
                `probe_every` steps one step is capped at the best kappa >= 1 instead (the interval doubling while 0
                keeps winning, up to `probe_max`, as adaptive_k's probes), so d_B and the acceptance are measured
                again: a cap of 0 drafts nothing, so nothing else would ever correct an estimate that put it there.
+               A step during which the backend ran a shape's warm-up runs (Backend.warmup_runs grew: a batched CUDA
+               graph captured) gives no time sample, as in adaptive k.
 
 Seeded sampling rows are never capped (scheduler.py: their tokens must follow their seed alone).
 """
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import statistics
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 from specpack.runtime.adaptive_k import AcceptanceModel, AdaptiveConfig, _interpolate
@@ -65,8 +68,13 @@ class NoCap:
 class BatchKCap:
     """The batch's cap from pooled acceptance and the batched step's measured costs (the module docstring)."""
 
-    def __init__(self, k_max: int, max_batch: int, config: AdaptiveConfig | None = None) -> None:
+    def __init__(self, k_max: int, max_batch: int, config: AdaptiveConfig | None = None,
+                 warmups: Callable[[], int] | None = None) -> None:
+        """warmups: the backend's count of warm-up runs so far (Backend.warmup_runs): a step during which it grew ran
+        a shape's capture, so its times are not that shape's cost (its acceptance is still counted)."""
         self.k_max, self.config = k_max, config or AdaptiveConfig()
+        self.warmups = warmups
+        self._warmups_seen = warmups() if warmups is not None else 0
         self.acceptance = AcceptanceModel(k_max, self.config)
         window = self.config.window
         most = padded_rows([k_max] * max_batch)
@@ -105,6 +113,10 @@ class BatchKCap:
             return
         for k, n in zip(ks, accepted, strict=True):
             self.acceptance.observe(k, n)
+        if self.warmups is not None:
+            seen, self._warmups_seen = self._warmups_seen, self.warmups()
+            if self._warmups_seen != seen:  # a shape captured during this step (e.g. a batched CUDA graph)
+                return
         t = min(padded_rows(ks), len(self.verify) - 1)
         self.verify[t].append(verify_s)
         if (most := max(ks)) > 0 and draft_s is not None:

@@ -114,7 +114,8 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
     if batched is not None:  # one run per step: speculation is turned down as the batch grows (batch_k.py)
         rows = PackRows(pack, batched, batched_draft)
         scheduler = Scheduler(config, batched, rows.open, rows.finish, batched,
-                              batch_policy=batch_policy or BatchKCap(pack.manifest.k_max, max_batch),
+                              batch_policy=batch_policy or BatchKCap(pack.manifest.k_max, max_batch,
+                                                                     warmups=pack.backend.warmup_runs),
                               row_drafter=batched_draft)
     else:
         target = pack.backend.target()

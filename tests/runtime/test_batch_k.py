@@ -204,3 +204,16 @@ def test_random_joins_cancellations_and_chunks_keep_every_request_its_own() -> N
             assert outcome in ("cancelled", "length") and tokens == expected[job][: len(tokens)], job
         else:
             assert (outcome, tokens) == ("length", expected[job]), job
+
+
+def test_a_step_that_captured_a_shape_gives_no_cost_sample() -> None:
+    """A step during which the backend's warm-up runs grew (a batched shape captured: its first runs cost several
+    replays) counts its acceptance but not its times; the next steady step's times are kept."""
+    warmups = [0]
+    cap = BatchKCap(4, 4, warmups=lambda: warmups[0])
+    warmups[0] += 2                              # the step's verify ran a new shape's first runs
+    cap.observe([2, 2], [2, 1], 0.5, 9.0)
+    assert cap.cap(2) == UNCAPPED and not cap.per_draft  # nothing timed yet: each row's own k
+    cap.observe([2, 2], [2, 2], 0.1, 1.0)        # steady
+    assert [list(d) for d in cap.verify if d] == [[1.0]] and list(cap.per_draft) == [0.05]
+    assert cap.acceptance.reached[0] > 3  # both steps' rows counted (decayed counts of 4 rows)
