@@ -367,11 +367,14 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
                 handle.result()
         for k in ks:
             rows.clear()
+            warmups = pack.backend.warmup_runs()
             outcomes, wall, capped = closed_loop(pack, planned[:n], clients, k, args.max_new_tokens, args.config_cap_s)
             name = f"c{clients}{suffix}-{'auto' if k is None else f'k{k}'}"
             result = summarize(name, clients, k, outcomes, wall, load_s, n, None, capped=capped)
             result |= {"max_batch": max_batch, "precapture": precapture, "verifier": verifier, "iterations": len(rows),
-                       "rows_per_iteration_mean": statistics.fmean(rows) if rows else None}
+                       "rows_per_iteration_mean": statistics.fmean(rows) if rows else None,
+                       # shapes first run (captured) inside the timed part: each such run costs several replays
+                       "warmup_runs_timed": pack.backend.warmup_runs() - warmups}
             results.append((name, result, outcomes))
         mem = memory.stop()
         captured = batched_capture(batcher)
