@@ -22,9 +22,11 @@ for all:
              graphs with captured CUDA graphs): what `specpack serve` does today (--max-batch 1), k auto
   cN-auto    N closed-loop clients (threads: submit, wait for the result, submit the next), pack.start_batching
   cN-k0      (max_batch N, or --max-batch B for every N: a server started once), k auto (BatchKCap) and k 0; one
-             load per N, both k run on it after a warm-up of N short requests at each k. N = 1: the scheduler over
-             the per-slot graphs (start_batching uses the batched engines only above one row). Loaded as `serve`
-             loads (the per-slot shapes pre-captured on slot 0 alone above one row; --no-precapture: none), run_clients
+             load per N, both k run on it after a warm-up of N short requests at each k (up to WARMUP_ROUNDS rounds,
+             again while a round still captured batched shapes; those left count in `warmup_runs_timed`). N = 1:
+             the scheduler over the per-slot graphs (start_batching uses the batched engines only above one row).
+             Loaded as `serve` loads (the per-slot shapes pre-captured on slot 0 alone above one row; --no-precapture:
+             none), run_clients
   c1-bB-auto one client, k auto, on a batcher of --solo-max-batch rows (16): a batching server's lone request (its
              row runs through the batched graphs at batch 1), against `alone` (the issue's "at 1 client")
 Per configuration: aggregate throughput (new tokens over the wall time from the first submit to the last result),
@@ -90,6 +92,7 @@ MAX_LEN = 2048
 K_MAX = 8
 ATTENTION = "gqa"   # the batch-1 graphs' (module docstring)
 WARMUP_TOKENS = 16
+WARMUP_ROUNDS = 3  # warm-up rounds per configuration at most (fewer once a round captured no new shape)
 
 
 def log(line: str) -> None:
@@ -361,10 +364,14 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
         batcher.on_step = rows.append  # rows decoding at each iteration
         load_s = time.perf_counter() - t0
         verifier = type(batcher.scheduler.verifier).__name__
-        for k in ks:  # warm-up: `clients` short requests at once, each k (sessions, the batch shapes up to N rows)
-            handles = [pack.submit(GenerateRequest(p.ids, WARMUP_TOKENS, k=k)) for p in planned[:clients]]
-            for handle in handles:
-                handle.result()
+        for k in ks:  # warm-up: `clients` short requests at once, each k (sessions, the batch shapes up to N rows),
+            for _ in range(WARMUP_ROUNDS):  # again while a round still captured shapes (the backend's warm-up runs)
+                before = pack.backend.warmup_runs()
+                handles = [pack.submit(GenerateRequest(p.ids, WARMUP_TOKENS, k=k)) for p in planned[:clients]]
+                for handle in handles:
+                    handle.result()
+                if pack.backend.warmup_runs() == before:
+                    break
         for k in ks:
             rows.clear()
             warmups = pack.backend.warmup_runs()
