@@ -91,10 +91,9 @@ def _greedy_acceptance(x: str, drafts: str, counts: str) -> list[onnx.NodeProto]
                          name=p + "best_k"),                                                     # [B, K]
         helper.make_node("Equal", [drafts, p + "best_k"], [p + "same"], name=p + "same"),       # [B, K]
         helper.make_node("Squeeze", [p + "k", p + "zero"], [p + "k_scalar"], name=p + "k_scalar"),
-        const("start", [0]), const("step", [1]),
-        helper.make_node("Squeeze", [p + "start", p + "zero"], [p + "start_scalar"], name=p + "start_scalar"),
-        helper.make_node("Squeeze", [p + "step", p + "zero"], [p + "step_scalar"], name=p + "step_scalar"),
-        helper.make_node("Range", [p + "start_scalar", p + "k_scalar", p + "step_scalar"], [p + "j"], name=p + "j"),
+        helper.make_node("Squeeze", [p + "zero", p + "zero"], [p + "zero_scalar"], name=p + "zero_scalar"),
+        helper.make_node("Squeeze", [p + "one", p + "zero"], [p + "one_scalar"], name=p + "one_scalar"),
+        helper.make_node("Range", [p + "zero_scalar", p + "k_scalar", p + "one_scalar"], [p + "j"], name=p + "j"),
         helper.make_node("Unsqueeze", [counts, p + "axis1"], [p + "counts"], name=p + "counts"),  # [B, 1]
         helper.make_node("Less", [p + "j", p + "counts"], [p + "drafted"], name=p + "drafted"),   # [B, K] j < k_b
         helper.make_node("And", [p + "same", p + "drafted"], [p + "match"], name=p + "match"),
