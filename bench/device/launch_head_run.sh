@@ -10,7 +10,8 @@
 # /tmp/gw/batched; log /tmp/gw/batched.log, JSON /tmp/gw/batched.json; BATCHED_ARGS: more of its options);
 # GPU_SERVE_LOAD=1: then bench/device/serve_load_gpu.sh (serve_load.py over HTTP on that pack; wheels staged with
 # STAGE_SERVE=1; log /tmp/gw/serve_load.log, JSON /tmp/gw/serve_load.json); GPU_HEAD=0: no gpu_head.py (the batched
-# steps alone). Order: gpu_head.py, gpu_batched.py, serve_load_gpu.sh, the GPU tests: one at a time.
+# steps alone). Order: GPU_TESTS_FIRST (pytest arguments, e.g. one GPU test file: log /tmp/gw/gputests_first.log),
+# gpu_head.py, gpu_batched.py, serve_load_gpu.sh, the GPU tests: one at a time.
 # Then poll with bench/device/poll_head_run.sh.
 set -euo pipefail
 files=/tmp/stage/files
@@ -45,6 +46,8 @@ serve=true
 [ "${GPU_SERVE_LOAD:-0}" = 1 ] && serve="bash bench/device/serve_load_gpu.sh > /tmp/gw/serve_load.log 2>&1"
 tests=true
 [ "${GPU_TESTS:-0}" = 1 ] && tests="python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider -s > /tmp/gw/gputests.log 2>&1"
+first=true
+[ -n "${GPU_TESTS_FIRST:-}" ] && first="python3 -m pytest -q -m gpu ${GPU_TESTS_FIRST} -p no:cacheprovider -s > /tmp/gw/gputests_first.log 2>&1"
 # setsid: a device call kills its own session's processes when it returns
-setsid nohup bash -c "$head; $batched; $serve; $tests" < /dev/null > /dev/null 2>&1 &
+setsid nohup bash -c "$first; $head; $batched; $serve; $tests" < /dev/null > /dev/null 2>&1 &
 sleep 5; tail -5 /tmp/gw/log /tmp/gw/batched.log 2>/dev/null || true
