@@ -217,9 +217,9 @@ class ExportConfig:
                                 hint="leave out --dequantize: other sources are exported unquantized (--dtype)")
 
     def _check_form(self, role: str, method: str) -> str:
-        """Weight-only quantized graphs are exported in the concat form only so far (the fidelity stage replays
-        that form); calibrated Q/DQ graphs in both (the static form's fidelity is not measured). The builder
-        quantizes its static-form graphs itself (int4 / int8); a .gguf source's blocks it cannot keep."""
+        """Weight-only and calibrated graphs are quantized in either KV form (quantize/stage.py rewrites any plain
+        graph; the fidelity stage measures concat-form packs only). The builder quantizes its static-form graphs itself
+        (int4 / int8); a .gguf source's blocks it cannot keep."""
         if self.graphs == "builder":
             return check_builder_quantization(role, method)
         if self.max_batch and self.dtype != "fp32" and method != modes.NONE:  # e.g. a .gguf source's own blocks
@@ -227,11 +227,6 @@ class ExportConfig:
                                 f"({method}) yet: the fp16 batched graphs are unquantized",
                                 expected=f"--quantize-{role} none (or --dequantize), or --dtype fp32",
                                 found=f"--dtype {self.dtype}, {role} {method}", hint="docs/batching.md, 'What remains'")
-        if method not in (modes.NONE, *modes.CALIBRATED) and self.kv_cache != "concat":
-            raise SpecpackError(f"a quantized {role} ({method}) needs the concat KV cache form",
-                                expected="--kv-cache concat, or unquantized graphs",
-                                found=f"--kv-cache {self.kv_cache} with {method} weights",
-                                hint="pass --dequantize (GGUF sources) or --quantize-draft/--quantize-target none")
         return method
 
     def plain_graph_record(self) -> dict[str, str]:
