@@ -70,9 +70,8 @@ def test_the_cuda_backends_code_on_an_int4_tree_pack(tree_pack_dir: Path, pack: 
         want = pack.generate(PROMPTS[0], 32, k=0).tokens
         for tree in ("auto", 8, "off"):
             assert dev.generate(PROMPTS[0], 32, drafter="model", tree=tree).tokens == want, tree
-        sampled = {"temperature": 0.8, "top_k": 20, "seed": 5}
-        assert dev.generate(PROMPTS[0], 24, tree=4, **sampled).tokens == \
-            pack.generate(PROMPTS[0], 24, tree=4, **sampled).tokens
+        assert dev.generate(PROMPTS[0], 24, tree=4, temperature=0.8, top_k=20, seed=5).tokens == \
+            pack.generate(PROMPTS[0], 24, tree=4, temperature=0.8, top_k=20, seed=5).tokens
     finally:
         dev.close()
 
