@@ -223,9 +223,13 @@ class _TreeStepForward:
                 o = self.head.finish(a, out.reshape(1, seq, c.heads * c.head_dim))  # [1, S, H]
                 last = o[:, -1:]
                 top_rows = torch.cat([o[:, catchup:], last], dim=1)  # [1, W + 1, H] own rows, then the last
-                logp = torch.log_softmax(self.head.subset_logits(top_rows).to(torch.float32), dim=-1)  # [1, W+1, V_sub]
+                # one lm_head product for the own rows and the last: its weight then has one consumer, which the
+                # exporter folds into an initializer the quantizer takes (two consumers kept a Transpose of the
+                # [V_sub, H] rows in every run, in fp32: bench/README.md, "Run I's head in an int4 tree pack")
+                sub = self.head.subset_logits(top_rows)  # [1, W + 1, V_sub]
+                logp = torch.log_softmax(sub.to(torch.float32), dim=-1)  # [1, W + 1, V_sub]
                 values, index = torch.topk(logp, width, dim=-1)  # [1, W + 1, K] best first (ties: the lower index)
-                return (self.head.full_logits(last), last, self.head.subset[index], values, top_rows, present_key,
+                return (self.head.spread(sub[:, -1:]), last, self.head.subset[index], values, top_rows, present_key,
                         present_value)
 
         return TreeStepForward().eval()

@@ -147,7 +147,10 @@ class DraftHead(nn.Module):
 
     def full_logits(self, o: torch.Tensor) -> torch.Tensor:
         """o [B, S, H] -> [B, S, V]: the subset's logits, -inf elsewhere (softmax exactly 0 outside the subset)."""
-        sub = self.subset_logits(o)  # [B, S, V_sub]
+        return self.spread(self.subset_logits(o))
+
+    def spread(self, sub: torch.Tensor) -> torch.Tensor:
+        """Subset logits [B, S, V_sub] -> [B, S, V], -inf outside the subset."""
         full = torch.full((*sub.shape[:-1], self.config.vocab_rows), float("-inf"), dtype=sub.dtype)
         index = self.subset.expand(*sub.shape[:-1], -1)
         return full.scatter(-1, index, sub)

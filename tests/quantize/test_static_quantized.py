@@ -83,6 +83,12 @@ def test_greedy_head_trees_on_an_int4_target(tiny_head_pack: Callable[..., tuple
     assert manifest.target.quantization is not None and manifest.target.quantization.method == "int4"
     assert manifest.head is not None and manifest.head.quantization is not None
     assert "MatMulNBits" in _quantized_ops(pack_dir / manifest.target.graph.path)
+    # the tree step's lm_head is one MatMul on a folded [H, V_sub] initializer, quantized: never the fp32 rows
+    # transposed at every run (a second consumer of the rows kept that Transpose: head_export._TreeStepForward)
+    step = onnx.load(str(pack_dir / names.HEAD_STEP_FILE), load_external_data=False).graph
+    initializers = {t.name for t in step.initializer}
+    assert not [n.name for n in step.node if n.op_type == "Transpose" and n.input[0] in initializers]
+    assert [n.op_type for n in step.node].count("MatMul") <= 2  # attention's two products only
     loaded = specpack.load(pack_dir, threads=1)
     try:
         for prompt in PROMPTS:
