@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 
 import specpack
@@ -73,6 +74,12 @@ def test_the_head_tree_pack(pack: Pack) -> None:
     compact = m.target.graph.tree.kv_compact
     assert names.PAST_TARGET_FEATURES in {s.name for s in compact.inputs}
     assert names.TARGET_FEATURES in {s.name for s in compact.outputs}
+    # one lm_head product serves the TopK and the sampling logits: its frozen rows are a folded initializer (which
+    # --quantize-draft quantizes), never transposed at every run (head_export._TreeStepForward; two products over the
+    # same rows left that Transpose: the int4 tree pack's head step cost 4x the concat step's on the CPU)
+    step = onnx.load(str(pack.path / names.HEAD_STEP_FILE), load_external_data=False).graph
+    initializers = {t.name for t in step.initializer}
+    assert not [n.name for n in step.node if n.op_type == "Transpose" and n.input[0] in initializers]
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
