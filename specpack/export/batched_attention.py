@@ -5,6 +5,7 @@ The cache of one layer is a pair of buffers [B, kv_heads, M, head_dim] written i
 data, its own mask row [b, :] (ones at [0, L_b + S)):
 
     total = ReduceSum(attention_mask, axis 1)          [B]   L_b + S          start = total - S        [B]
+                                                                 (S summed from ones on the device: no host copy)
     present = ScatterND(past, (b, h, start_b + s) <- new k / v)                               [B, Hkv, M, D]
     scores  = q @ present_k^T * scale                                                         [B, Hkv, G*S, M]
               masked to key j <= start_b + i  (and j > start_b + i - window)                  row b, query i
@@ -93,8 +94,9 @@ def make_batched_attention(state: BatchedCacheState) -> Callable[..., tuple[torc
         layer = int(module.layer_idx)  # type: ignore[arg-type]
         assert state.mask is not None, "BatchedCacheState.begin() was not called"
         scale = float(scaling if scaling is not None else query.shape[-1] ** -0.5)
-        seq = query.shape[2]
-        start = state.mask.sum(dim=-1) - seq  # [B] L_b
+        # [B] L_b = (L_b + S) - S, S counted on the device (a sum of ones): the symbolic S is a host value, and the CUDA
+        # EP copies a host value into a device op (a Memcpy node), which CUDA graph capture refuses
+        start = state.mask.sum(dim=-1) - torch.ones_like(query[:, 0, :, 0], dtype=torch.int64).sum(dim=-1)
         present_key = torch.ops.specpack.kv_write_rows(state.past[2 * layer], key, start)
         present_value = torch.ops.specpack.kv_write_rows(state.past[2 * layer + 1], value, start)
         state.presents[layer] = (present_key, present_value)

@@ -50,8 +50,11 @@ def positions(b: GraphBuilder, rows_k1: Value | None = None) -> Value:
     steps = b.op("Range", b.const(0), rows, b.const(1))  # [K+1]
     start = b.op("Sub", b.op("Sub", names.TOKEN_COUNTS, row_counts(b)), b.const([1]))  # [B] S_b - k_b - 1
     pos = b.op("Add", b.op("Unsqueeze", start, b.const([1])), steps)  # [B, K+1]
-    last = b.op("Sub", b.op("Shape", names.INPUT_IDS, start=1, end=2), b.const([1]))  # [1] S - 1
-    return b.op("Min", b.op("Max", pos, b.const([0])), last)  # [B, K+1] (pads clamped into the row: never read)
+    last = b.op("Squeeze", b.op("Sub", b.op("Shape", names.INPUT_IDS, start=1, end=2), b.const([1])),
+                b.const([0]))  # [] S - 1
+    # [B, K+1] (pads clamped into the row: never read). Clip, not Min / Max: its bounds are host inputs of the CUDA
+    # kernel, so S - 1 (from a shape) never needs a host -> device copy, which CUDA graph capture refuses
+    return b.op("Clip", pos, b.const(0), last)
 
 
 def gather_rows(b: GraphBuilder, x: Value, pos: Value) -> Value:

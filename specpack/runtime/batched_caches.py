@@ -58,6 +58,8 @@ class BatchedCaches(Protocol):
     layout: KVLayout
     input_names: set[str]  # the graph's inputs (which head form it has)
     launch_bound: bool     # a run costs its launch more than its rows (a GPU): pad rows are nearly free
+    fixed_rows: int | None  # a greedy head's K + 1 is min(S, fixed_rows), from shapes (graphs/batched_fixed_rows.py);
+                            # None: max k_b + 1, from the data (the head as exported)
 
     def rows(self, lo: int, hi: int) -> tuple[dict[str, Bound], dict[str, Bound]]:
         """The slots [lo, hi) of every buffer: (past bindings, present bindings), the same memory."""
@@ -84,6 +86,7 @@ class HostCaches:
     """The caches as numpy buffers, a run through an OrtGraph's IOBinding (host memory, the CPU EP)."""
 
     launch_bound = False  # the CPU: a run costs its rows
+    fixed_rows: int | None = None  # the graph as exported
 
     def __init__(self, graph: OrtGraph, layout: KVLayout) -> None:
         self.graph, self.layout = graph, layout

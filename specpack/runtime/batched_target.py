@@ -178,6 +178,10 @@ class BatchedGreedyTarget(BatchedRuns):
             counts[r] = drafts.get(slot, 0)
             lengths[r] = len(tokens[slot]) if slot in tokens else seq  # pad rows: read clamped, never used
         rows = int(counts.max()) + 1 if self._selects else seq
+        if self._selects and self.caches.fixed_rows is not None:  # K + 1 from shapes: the head's first k_b + 1 the same
+            if rows > self.caches.fixed_rows:
+                raise ValueError(f"a row verifies {rows - 1} drafts: the graph's head reads {self.caches.fixed_rows} rows")
+            rows = min(seq, self.caches.fixed_rows)
         best = self._best[: (hi - lo) * rows].reshape(-1, rows)  # [B, K+1] ([B, S]: the older head)
         if self._selects:
             inputs = {**inputs, names.DRAFT_COUNTS: counts, names.TOKEN_COUNTS: lengths}

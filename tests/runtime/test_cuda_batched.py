@@ -257,6 +257,7 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
         on_device = [[h.result(timeout=120).tokens for h in [device.submit(r) for r in reqs]]
                      for reqs in (requests(m.vocab_size), greedy_only)]
         fixed = (len(target.caches._fixed), len(draft.caches._fixed))
+        assert draft.caches.fixed_rows == m.k_max + 1  # the draft's head with its K from shapes (batched_fixed_rows)
     assert on_device == on_host
     assert {"greedy", "exported"} <= set(forms)  # greedy batches on the greedy form, the others as exported
     assert fixed[0] > 0 and fixed[1] > 0  # decode steps through bindings bound once per shape

@@ -7,7 +7,8 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
                   [hi - lo, kv_heads, M, head_dim], past and present the same view (written in place), as HostCaches
                   binds numpy views [lo:hi]
     per run       ids, positions [B, S], mask [B, M], draft_counts, token_counts, sampling inputs [B], uniforms
-                  [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, K+1] out: host arrays;
+                  [B, K + 1], draft_probs [B, K, V] in; n_accepted, next_token [B] or best [B, min(S, k_max + 1)] out:
+                  host arrays;
                   a greedy batch's draft_probs (never read) is a view of a zero buffer on the device (`ignored`), not
                   [B, K, V] fp32 copied in per step (155 MB at 64 rows and K 4)
     decode steps  (S <= k_max + 1) on a session that captures: over slots [0, 2^n) (BatchedRuns.span), every host
@@ -19,7 +20,8 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
                   batched verify's host draft_probs (DeviceDraft.host_q, [1, k_max, V] fp32 per sampling row per step)
 
 Sessions (CudaBackend.open_session; cache writes widened per element): the draft's batched graph (its argmax head has
-no control flow) captured as exported; the target's batched verify graph as exported, uncaptured (its head is a Scan
+no control flow) captured, its K + 1 from shapes (graphs/batched_fixed_rows.py: as exported it is max k_b + 1, a device
+value, which no CUDA graph replays); the target's batched verify graph as exported, uncaptured (its head is a Scan
 over rows with the sampling If inside), and its greedy form (graphs/batched_greedy_form.py), captured, for the decode
 steps whose rows are all greedy (CudaBackend.batched_greedy, by default where the backend captures: the target's
 weights once more on the device). A capture ONNX Runtime refuses turns that session's capture off (`error` says why).
@@ -53,8 +55,10 @@ class DeviceCaches:
     are all greedy: the graph as exported has a Scan over rows with the sampling If inside, which no CUDA graph takes."""
 
     def __init__(self, session: DeviceSession, layout: KVLayout, device: str,
-                 greedy_session: DeviceSession | None = None) -> None:
+                 greedy_session: DeviceSession | None = None, fixed_rows: int | None = None) -> None:
+        """fixed_rows: the session's greedy head reads min(S, fixed_rows) rows (graphs/batched_fixed_rows.py)."""
         self.session, self.greedy_session, self.layout, self.device = session, greedy_session, layout, device
+        self.fixed_rows = fixed_rows
         self.input_names = session.input_names
         self.launch_bound = device == "cuda"  # an uncaptured run's launches cost more than its rows (bench/README.md)
         # where a session captures, no run binds host memory (its host arrays copied to the device first)
@@ -157,9 +161,13 @@ def open_device_batched(backend: CudaBackend, max_batch: int) -> BatchedEngines 
 
     def open_graph(entry: ModelEntry, form: BatchedForm) -> CacheOpener:
         entry = entry.model_copy(update={"graph": form.graph})
-        if form.head == "greedy":  # the argmax head: no control flow, captured as exported
-            return partial(DeviceCaches, backend.open_session(entry, greedy=False, capture=backend.cuda_graphs),
-                           device=backend.device)
+        if form.head == "greedy":  # the argmax head: no control flow, captured with its K from shapes
+            from specpack.graphs.batched_fixed_rows import batched_fixed_rows
+
+            rows = backend.manifest.k_max + 1
+            session = backend.open_session(entry, greedy=True, capture=backend.cuda_graphs,
+                                           greedy_form_of=partial(batched_fixed_rows, rows=rows))
+            return partial(DeviceCaches, session, device=backend.device, fixed_rows=rows)
         session = backend.open_session(entry, greedy=False, capture=False)
         greedy = None
         if backend.batched_greedy:  # greedy batches on the greedy form, captured (a third copy of the weights)
