@@ -26,11 +26,15 @@ from specpack import names
 def batched_fixed_rows(path: Path, data: bytes | None = None, *, rows: int) -> bytes:
     """The graph at `path` (weights not loaded; or its bytes, `data`) with its head's K from shapes, serialized.
 
-    Raises ValueError when the graph has no batched greedy head (one ReduceMax over draft_counts, an output `best`)."""
+    A graph without draft_counts (a pack exported before 2026-12-06: its head reads every position, best [B, S]) is
+    returned as it is: its rows follow a shape already. Raises ValueError when a graph with draft_counts has no
+    batched greedy head (one ReduceMax over draft_counts, an output `best`)."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
     model = onnx.load_from_string(data) if data is not None else onnx.load(str(path), load_external_data=False)
     graph = model.graph
+    if names.DRAFT_COUNTS not in {i.name for i in graph.input}:
+        return model.SerializeToString()
     found = [n for n in graph.node if n.op_type == "ReduceMax" and list(n.input[:1]) == [names.DRAFT_COUNTS]]
     if len(found) != 1 or names.BEST not in {o.name for o in graph.output}:
         raise ValueError(f"{path.name}: expected the batched greedy head (one ReduceMax over {names.DRAFT_COUNTS}, an "

@@ -74,6 +74,14 @@ def test_the_captured_forms_copy_nothing_between_host_and_device(draft_graph: Pa
     assert "Range" in problem and "a device value" in problem
 
 
-def test_a_graph_without_the_greedy_head_is_refused(tiny_batched_plain, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+def test_a_verify_head_is_refused_and_an_older_greedy_head_kept(tiny_batched_plain, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """The verify graph's head reads draft_counts without the greedy head's ReduceMax: refused. A graph without
+    draft_counts (the greedy head before 2026-12-06 read every position) comes back as it was."""
+    from specpack.graphs.attach import build_batched_verify_graph
+
+    verify = attached_copy(tiny_batched_plain("qwen2", "noisy"), tmp_path / "verify_batched.onnx", VOCAB,
+                           build_batched_verify_graph)
     with pytest.raises(ValueError, match="batched greedy head"):
-        batched_fixed_rows(tiny_batched_plain("qwen2", "noisy"), rows=ROWS)
+        batched_fixed_rows(verify, rows=ROWS)
+    plain = tiny_batched_plain("qwen2", "noisy")
+    assert batched_fixed_rows(plain, rows=ROWS) == onnx.load(str(plain), load_external_data=False).SerializeToString()
