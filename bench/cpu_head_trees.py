@@ -2,11 +2,12 @@
 
     python bench/cpu_head_trees.py --pack PACK --prompts HumanEval.jsonl.gz mt_bench_question.jsonl \\
         --out bench/results/cpu_head_trees.json [--prompts-per-file 4] [--max-new-tokens 64] [--threads 2]
-        [--drafter head|ngram] [--categories summarization rag ...]
+        [--drafter head|ngram|model] [--categories summarization rag ...]
 
-PACK: `spec-export --draft-head HEAD --kv-cache static --max-tree-nodes T` (the head), or `--drafter ngram --kv-cache
-static --max-tree-nodes T` (prompt lookup). Each prompt is decoded greedily by every configuration back to back: the
-target alone (k 0), the drafter's chains (the head: k 2; prompt lookup: k 4; both adaptive) and its trees (4, 8, 16
+PACK: `spec-export --draft-head HEAD --kv-cache static --max-tree-nodes T` (the head), `--drafter ngram --kv-cache
+static --max-tree-nodes T` (prompt lookup), or `--draft D --kv-cache static --max-tree-nodes T` (the draft model in its
+tree form). Each prompt is decoded greedily by every configuration back to back: the target alone (k 0), the
+drafter's chains (the head: k 2; prompt lookup and the draft model: k 4; all adaptive) and its trees (4, 8, 16
 nodes a step, the tree policy). Reported per configuration: the median over prompts of tau (tokens per verify),
 alpha, decode tokens/s and its ratio to the target alone's, and whether every output equals the target alone's.
 `--categories`: only a prompt file's prompts of these categories (Spec-Bench's); `--only LABEL ...`: only those
@@ -23,7 +24,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-CHAIN_K = {"head": 2, "ngram": 4}  # the fixed chain each drafter is benchmarked at on the GPU (bench/gpu_head.py)
+CHAIN_K = {"head": 2, "ngram": 4, "model": 4}  # the fixed chain each drafter is benchmarked at (bench/gpu_head.py;
+# the model drafter: the k of `make demo`'s pack)
 
 
 def configs(drafter: str) -> list[tuple[str, int | None, str | int]]:
