@@ -58,8 +58,8 @@ lint: install
 
 # Fetch the real Qwen2.5-Coder pair (GGUF, 1.6 GB) and export the int4 pack (both models int4: the GGUF's Q4_K tensors
 # fit from their own blocks, the rest k-quant searched; the two GGUF files convert at once), in the static KV cache form
-# (GroupQueryAttention over fixed buffers: 1.06-1.17x the concat form's tokens/s on this CPU, bench/README.md, "The
-# static form on the CPU, again"). Every phase prints its
+# (GroupQueryAttention over fixed buffers: 1.06-1.17x the concat form's tokens/s on the project's 2-core VMs,
+# bench/README.md, "The static form on the CPU, again"). Every phase prints its
 # time; `make demo` on a fresh clone measured 8 min 11 s and 7.61 GB peak memory on the 2-core AMD EPYC VM, shared
 # (load average about 1.5), 2026-11-28 (README.md, "Requirements, as measured"). The demo leaves out the fidelity
 # measurement (--no-fidelity: a minute, and the fp32 target's graph in memory; this pack's was measured in

@@ -7,9 +7,9 @@ its inputs is a constant, a graph input or a host tensor read at a slot its CUDA
 Expand's shape, a ConstantOfShape's shape, a Clip's bounds, axes) stays on the device and writes device tensors. A
 device node that reads a host tensor anywhere else gets a Memcpy node, as does a CPU input that reads a tensor computed
 on the device (a shape that follows the data: the batched draft's K = max k_b on an H200, 2026-12-07), and a session
-with Memcpy nodes refuses CUDA-graph capture ("all
-compute graph nodes have not been partitioned to the CUDAExecutionProvider": kv_compact.onnx on an H200, 2026-11-28,
-bench/README.md). fp16 inputs and the aggressive fallback are not modelled.
+with Memcpy nodes refuses CUDA-graph capture ("all compute graph nodes have not been partitioned to the
+CUDAExecutionProvider": kv_compact.onnx on an H200, 2026-11-28, bench/README.md; the batched graphs there, 2026-12-07).
+fp16 inputs and the aggressive fallback are not modelled.
 """
 
 from __future__ import annotations
