@@ -9,7 +9,8 @@ static --max-tree-nodes T` (prompt lookup), or `--draft D --kv-cache static --ma
 tree form). Each prompt is decoded greedily by every configuration back to back: the target alone (k 0), the
 drafter's chains (the head: k 2; prompt lookup and the draft model: k 4; all adaptive) and its trees (4, 8, 16
 nodes a step, the tree policy). Reported per configuration: the median over prompts of tau (tokens per verify),
-alpha, decode tokens/s and its ratio to the target alone's, and whether every output equals the target alone's.
+alpha, decode tokens/s and its ratio to the target alone's, and whether every output equals the target alone's (per
+prompt: `identical`, and `first_difference`, the first position where it does not).
 `--categories`: only a prompt file's prompts of these categories (Spec-Bench's); `--only LABEL ...`: only those
 configurations (and ar); `--repeat N`: N interleaved rounds per prompt, tokens/s the median of the rounds.
 """
@@ -73,8 +74,12 @@ def main() -> None:
                 row[label] |= {"tokens": out.tokens, "rounds": rates, "tokens_per_s": statistics.median(rates)}
                 print(f"{prompt.id} {label}: tau {out.stats['tau']} alpha {out.stats['alpha']} "
                       f"{out.stats['tokens_per_s']:.2f} tok/s", flush=True)
+        for label, _, _ in CONFIGS:  # against the target alone's tokens (the last round's of each)
+            got, want = row[label]["tokens"], row["ar"]["tokens"]
+            row[label]["identical"] = got == want
+            row[label]["first_difference"] = _first_difference(got, want)
         for label, _, _ in CONFIGS:
-            row[label]["identical"] = row[label].pop("tokens") == row["ar"]["tokens"] if label != "ar" else True
+            row[label].pop("tokens")
             row[label]["speedup"] = row[label]["tokens_per_s"] / row["ar"]["tokens_per_s"]
         rows.append(row)
     summary = {label: {"tau": _median(rows, label, "tau"), "alpha": _median(rows, label, "alpha"),
@@ -88,6 +93,12 @@ def main() -> None:
     for label, s in summary.items():
         print(f"{label:11s} tau {s['tau']} alpha {s['alpha']} tok/s {s['tokens_per_s']:.2f} "
               f"x{s['speedup']:.2f} identical {s['identical']}/{len(rows)}")
+
+
+def _first_difference(got: list[int], want: list[int]) -> int | None:
+    """The first position where the two token lists differ (the shorter one's length if one is a prefix), or None."""
+    at = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+    return at if at is not None or len(got) == len(want) else min(len(got), len(want))
 
 
 def _median(rows: list[dict[str, Any]], label: str, key: str) -> float | None:
