@@ -25,11 +25,13 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from specpack.limits import TreeOption
+
 CHAIN_K = {"head": 2, "ngram": 4, "model": 4}  # the fixed chain each drafter is benchmarked at (bench/gpu_head.py;
 # the model drafter: the k of `make demo`'s pack)
 
 
-def configs(drafter: str) -> list[tuple[str, int | None, str | int]]:
+def configs(drafter: str) -> list[tuple[str, int | None, TreeOption]]:
     """(label, k, tree) of every configuration."""
     k = CHAIN_K[drafter]
     return [("ar", 0, "off"), (f"chain-k{k}", k, "off"), ("chain-auto", None, "off"),
