@@ -10,7 +10,9 @@ copies to the host (a Memcpy node) and a CUDA graph cannot replay. Here
 from shapes and a constant alone, under the same output name: best [B, min(S, rows)], whose first k_b + 1 columns are
 the exported head's best[b, :k_b + 1] (both read positions S_b - k_b - 1 + i, i = 0, 1, ...; k_b + 1 <= S_b <= S and
 k_b <= k_max), the rest clamped positions a caller never reads. The lm_head then computes min(S, rows) rows per batch
-row, at most k_max + 1 as before for a long catch-up, and S (1 or 2) for a decode step.
+row, at most k_max + 1 as before for a long catch-up, and S (1 or 2) for a decode step. The cpu backend keeps the head
+as exported: it captures nothing, and there every lm_head row past the first costs (bench/README.md, "Where a verify's
+cost comes from"), where a draft step's S = 2 would compute two.
 """
 
 from __future__ import annotations

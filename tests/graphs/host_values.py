@@ -41,13 +41,13 @@ def host_values_in_data(model: onnx.ModelProto) -> list[str]:
             neutral.update(node.output)  # folded at load: an initializer of the EP's choosing
             constant.update(node.output)
             continue
+        cpu_slots = CPU_INPUTS.get(node.op_type, frozenset())
         problems += [f"{node.name or node.output[0]} ({node.op_type}) input {slot}: {name} (a device value)"
                      for slot, name in enumerate(node.input)
-                     if slot in CPU_INPUTS.get(node.op_type, frozenset()) and name and name not in neutral | host]
+                     if slot in cpu_slots and name and name not in neutral and name not in host]
         if node.op_type in ("Shape", "Size"):
             host.update(node.output)
             continue
-        cpu_slots = CPU_INPUTS.get(node.op_type, frozenset())
         reads_host = [slot for slot, name in enumerate(node.input) if name in host]
         on_cpu = bool(reads_host) and all(
             name in neutral or (name in host and slot not in cpu_slots)
