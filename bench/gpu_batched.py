@@ -301,7 +301,21 @@ def run_alone(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]) 
                 out.error = f"{type(err).__name__}: {err}"[:300]
             outcomes.append(out)
         wall = time.perf_counter() - start
-    return summarize("alone", 1, None, outcomes, wall, load_s, len(planned), memory.stop()), outcomes
+        costs = policy_costs(pack)
+    return summarize("alone", 1, None, outcomes, wall, load_s, len(planned), memory.stop()) | costs, outcomes
+
+
+def policy_costs(pack: Any) -> dict[str, Any]:
+    """The k policies' step costs as the pack carries them to its next request (adaptive_k.MeasuredCosts): per
+    drafter, V(k) by k and d, in ms, so a k policy's choices can be read against what it measured."""
+    from specpack.runtime.adaptive_k import MeasuredCosts
+
+    out = {}
+    for (drafter, size), costs in pack._costs.items():
+        if isinstance(costs, MeasuredCosts):
+            points, d = costs._known()
+            out[f"{drafter}/{size}"] = {"verify_ms": {k: 1e3 * v for k, v in points}, "per_draft_ms": 1e3 * d}
+    return {"policy_costs": out}
 
 
 def closed_loop(pack: Any, planned: list[Planned], clients: int, k: int | None, max_new_tokens: int,
@@ -381,7 +395,7 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
             result |= {"max_batch": max_batch, "precapture": precapture, "verifier": verifier, "iterations": len(rows),
                        "rows_per_iteration_mean": statistics.fmean(rows) if rows else None,
                        # shapes first run (captured) inside the timed part: each such run costs several replays
-                       "warmup_runs_timed": pack.backend.warmup_runs() - warmups}
+                       "warmup_runs_timed": pack.backend.warmup_runs() - warmups} | policy_costs(pack)
             results.append((name, result, outcomes))
         mem = memory.stop()
         captured = batched_capture(batcher)
