@@ -49,11 +49,17 @@ steps, never corrected d).
 Exploration: while k = 0 wins, every `probe_every` steps one step runs at the best k >= 1 (the interval
 doubles each time k = 0 wins again, up to `probe_max`, and resets once a k >= 1 wins); while drafting, every
 `neighbor_every`-th step runs at a neighbour of the best k, alternately above and below, so the costs and the
-acceptance around it stay measured.
+acceptance around it stay measured. A probe pays its drafter's catch-up (the model drafter feeding the tokens its k = 0
+steps committed), measured as the probe's draft phase less its drafts (MeasuredCosts.probe_cost, kept across
+requests): probes come at least catch-up / (`probe_share` V(0)) steps apart, so they take at most that share of the
+decode time (on an H200, 0.5B draft: one uncaptured catch-up cost about 3.5 target steps, and the probes at 8, 16, 32,
+64 steps of every 128-token request took 12 % of it where k = 0 won: one client through the scheduler ran at 0.84x its
+k 0; bench/README.md, "Again, 2026-12-07"). The floor is at most 4 `probe_max`.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -75,7 +81,8 @@ class AdaptiveConfig:
     min_drafting: int = 1           # steps that verified drafts before k = 0 may win (the probes revisit it: 4 lost
                                     # 5-10 % on short answers; bench/README.md, "Adaptive k replayed")
     probe_every: int = 8            # k = 0 steps before a probe at the best k >= 1
-    probe_max: int = 64             # the longest interval between probes
+    probe_max: int = 64             # the longest interval between probes (unless a probe's catch-up makes it longer)
+    probe_share: float = 0.05       # probes' catch-ups take at most this share of the steps' time while k = 0 wins
     neighbor_every: int = 16        # every this many drafting steps, one at a neighbour of the best k
     pack_weight: float = 4.0        # pseudo-steps of the pack's pooled rates in a request's (PackAcceptance)
     pack_decay: float = 0.995       # per step, on the pack's pooled counts (~200 steps of memory, over requests)
@@ -174,9 +181,14 @@ class Costs(Protocol):
 
     def any_measured(self) -> bool: ...
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None:
         """A step of k drafts took elapsed_s, draft_s of it drafting; per_draft False: draft_s is not k drafts'
-        cost (a catch-up was in it), keep only the rest."""
+        cost (a catch-up was in it), keep only the rest; probe: the step drafted right after k = 0 steps (what its
+        draft phase holds beyond k drafts is a probe's catch-up)."""
+        ...
+
+    def probe_cost(self) -> float:
+        """A probe's catch-up, in step_times' unit (0 while unknown)."""
         ...
 
     def step_times(self, out: list[float]) -> None:
@@ -203,6 +215,7 @@ class MeasuredCosts:
         self.per_draft: deque[float] = deque(maxlen=window)                               # d samples
         self.earlier: list[float | None] = [None] * (k_max + 1)  # [k_max+1] V(k) medians of earlier requests
         self.earlier_draft: float | None = None
+        self.catch_ups: deque[float] = deque(maxlen=window)  # probes' catch-ups, kept across requests
 
     def start(self) -> None:
         """A new request: the costs known so far (this request's, and the earlier ones scaled to its level)
@@ -223,7 +236,7 @@ class MeasuredCosts:
         drafts_timed = bool(self.per_draft) or self.earlier_draft is not None
         return drafts_timed and any(self.measured(k) for k in range(len(self.rest)))
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None:
         if self.warmups is not None:  # a shape captured during this step: its time is not the shape's cost
             seen, self._warmups_seen = self._warmups_seen, self.warmups()
             if self._warmups_seen != seen:
@@ -231,6 +244,11 @@ class MeasuredCosts:
         self.rest[k].append(max(elapsed_s - draft_s, 0.0))
         if k > 0 and per_draft:
             self.per_draft.append(draft_s / k)
+        if k > 0 and probe and self.any_measured():
+            self.catch_ups.append(max(draft_s - k * self._known()[1], 0.0))
+
+    def probe_cost(self) -> float:
+        return statistics.median(self.catch_ups) if self.catch_ups else 0.0
 
     def step_times(self, out: list[float]) -> None:
         known, d = self._known()
@@ -267,8 +285,11 @@ class PriorCosts:
     def any_measured(self) -> bool:
         return True
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None:
         pass
+
+    def probe_cost(self) -> float:
+        return 0.0
 
     def step_times(self, out: list[float]) -> None:
         for k in range(len(out)):
@@ -318,7 +339,9 @@ class AdaptiveK:
         self._tokens = [0.0] * (k_max + 1)  # [k_max+1] 1 + E[accepted | k]
         self._times = [0.0] * (k_max + 1)   # [k_max+1] k d + V(k)
         self._idle = 0                      # consecutive steps at k = 0 by choice
-        self._probe_interval = self.config.probe_every
+        self._probe_interval = self.config.probe_every  # k = 0 steps before the next probe (at least _probe_floor)
+        self._probe_floor = 0               # the steps whose time a probe's catch-up may take a probe_share of
+        self._started = False               # a step was observed (the first one's catch-up is the prompt's)
         self._drafting = 0                  # steps at a k >= 1 by choice
         self._verified = 0                  # steps that verified drafts
         self._above = True                  # the next neighbour explored is best + 1
@@ -335,7 +358,8 @@ class AdaptiveK:
             return 0
         if not self.costs.any_measured():
             return min(self.config.first_k, self._k_max)
-        if 0 < self._idle < self._probe_interval - 1:
+        interval = max(self._probe_interval, self._probe_floor)
+        if 0 < self._idle < interval - 1:
             # a run of k = 0 until the next probe: a plain step changes no acceptance count and only re-times
             # V(0), so the choice is not re-evaluated (about 65 us of Python per step, 3 % of a GPU step)
             self._idle += 1
@@ -344,7 +368,9 @@ class AdaptiveK:
         best = self.best(0 if self._verified >= self.config.min_drafting else 1)
         if best == 0:
             self._idle += 1
-            if self._idle < self._probe_interval:
+            if self._idle == 1:  # a run of k = 0 begins: how far apart its probes must be for their catch-ups
+                self._probe_floor = self._floor()
+            if self._idle < max(self._probe_interval, self._probe_floor):
                 return 0
             self._idle = 0
             self._probe_interval = min(2 * self._probe_interval, self.config.probe_max)
@@ -363,8 +389,17 @@ class AdaptiveK:
 
     def _observe_costs(self, k: int, elapsed_s: float, draft_s: float) -> None:
         self._verified += k > 0
-        self.costs.observe(k, elapsed_s, draft_s, per_draft=not self._after_idle)
-        self._after_idle = k == 0
+        self.costs.observe(k, elapsed_s, draft_s, per_draft=not self._after_idle,
+                           probe=self._after_idle and self._started)
+        self._after_idle, self._started = k == 0, True
+
+    def _floor(self) -> int:
+        """The fewest k = 0 steps between probes for their catch-ups to take at most probe_share of the time."""
+        self.costs.step_times(self._times)
+        catch_up, plain = self.costs.probe_cost(), self._times[0]
+        if catch_up <= 0 or plain <= 0:
+            return 0
+        return min(math.ceil(catch_up / (self.config.probe_share * plain)), 4 * self.config.probe_max)
 
     def best(self, low: int = 0) -> int:
         """The k in low..k_max of the highest estimated rate (the smaller on a tie)."""

@@ -76,6 +76,24 @@ def test_drafting_resumes_after_k0_despite_catch_up() -> None:
     assert np.median(ks[-150:]) >= 4
 
 
+def test_probes_are_spaced_by_their_catch_up() -> None:
+    """Where k = 0 wins and each probe's catch-up costs 3.5 target steps (the 0.5B draft on an H200, one client through
+    the scheduler: probes at 8, 16, 32, 64 steps took 12 % of its time), the probes come at least
+    catch-up / (probe_share V(0)) = 70 steps apart, so they cost at most probe_share of the time; without a catch-up
+    they keep probe_every's schedule."""
+    slow = dict(d=1.5, v=lambda k: 1.0 + 0.05 * k, acceptance=lambda _: 0.9)
+    ks = simulate(AdaptiveK(8), 600, catch_up=3.5, **slow)  # type: ignore[arg-type]
+    probes = [i for i, k in enumerate(ks) if k > 0 and i >= 4]
+    floor = 3.5 / (AdaptiveConfig().probe_share * 1.0)
+    assert len(probes) >= 3 and all(b - a >= floor for a, b in itertools.pairwise(probes)), probes
+    after = ks[probes[0] + 1 :]  # the first probe measures the catch-up: after it, its share is bounded
+    catch_up_share = 3.5 * (len(probes) - 1) / sum(k * 1.5 + 1.0 + 0.05 * k for k in after)
+    assert catch_up_share <= AdaptiveConfig().probe_share
+    free = simulate(AdaptiveK(8), 600, **slow)  # type: ignore[arg-type]
+    free_probes = [i for i, k in enumerate(free) if k > 0 and i >= 4]
+    assert free_probes[1] - free_probes[0] < floor and len(free_probes) > len(probes)
+
+
 def test_the_first_steps_catch_up_over_the_prompt_is_no_drafts_cost() -> None:
     """A head drafter's first proposal reads the whole prompt's features (one uncaptured run of several target steps
     on a GPU, H200 2026-11-28: 3.4 ms against 0.5 ms a draft): counted as 4 drafts' cost, it made k = 0 win and kept

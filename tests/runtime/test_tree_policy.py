@@ -33,7 +33,10 @@ class TableCosts:
     def any_measured(self) -> bool:
         return True
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True) -> None: ...
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None: ...
+
+    def probe_cost(self) -> float:
+        return 0.0
 
     def step_times(self, out: list[float]) -> None:
         for t in range(len(out)):
