@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import time
 from pathlib import Path
 from typing import Any
 
+from specpack.bench.report import cpu_model
 from specpack.calibration.qdq import quantize_calibrated
 from specpack.calibration.sets import calibration_set
 from specpack.export.tokenizer_export import SUBDIR, write_tokenizer
@@ -49,7 +49,7 @@ def main() -> None:
 
     args.work.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = json.loads(args.json.read_text()) if args.json.is_file() else {}
-    out.update({"machine": args.machine or f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+    out.update({"machine": args.machine or f"{cpu_model()}, {os.cpu_count()} cores",
                 "plain": str(args.plain_dir), "calib_prompts": Path(args.calib_prompts).name,
                 "calib_samples": args.calib_samples, "limit": args.limit, "new_tokens": args.new_tokens})
     tokenizer = write_tokenizer(args.target_dir, args.work)

@@ -20,11 +20,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 from pathlib import Path
 from typing import Any
 
+from specpack.bench.report import cpu_model
 from specpack.limits import TreeOption
 
 CHAIN_K = {"head": 2, "ngram": 4, "model": 4}  # the fixed chain each drafter is benchmarked at (bench/gpu_head.py;
@@ -89,7 +89,7 @@ def main() -> None:
                        "identical": sum(r[label]["identical"] for r in rows)} for label, _, _ in CONFIGS}
     record = {"pack": str(args.pack), "drafter": args.drafter, "prompts": [p.id for p in prompts],
               "max_new_tokens": args.max_new_tokens, "repeat": args.repeat,
-              "threads": args.threads, "machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(),
+              "threads": args.threads, "machine": cpu_model(), "cpus": os.cpu_count(),
               "load_before": load_start, "load_after": os.getloadavg(), "summary": summary, "rows": rows}
     Path(args.out).write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     for label, s in summary.items():

@@ -18,12 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from specpack.bench.report import cpu_model
 from specpack.limits import TreeOption
 
 Config = tuple[str, str, str, int | None, TreeOption]  # (label, pack, drafter, k, tree)
@@ -95,7 +95,7 @@ def main() -> None:
                                       if owner == h and not label.endswith("-ar"))
                                   / max(r["model-auto"]["tokens_per_s"], r["model-k4"]["tokens_per_s"]) for r in rows)}
         for h in heads}
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+    result = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
                           "loadavg_start_end": [load_start, os.getloadavg()], "threads": args.threads},
               "packs": {"model": args.model_pack, **dict(zip(heads, args.head_pack, strict=True))},
               "max_new_tokens": args.max_new_tokens,

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
 
+from specpack.bench.report import cpu_model
 from specpack.contract.integrity import resolve_files, stamp_key
 from specpack.contract.manifest import Manifest
 from specpack.hashing import sha256_file
@@ -46,7 +46,7 @@ def main() -> None:
         fast_s.append(time.perf_counter() - start)
     result = {
         "pack": str(args.pack), "files": len(manifest.files), "bytes": total,
-        "manifest_bytes": (args.pack / "manifest.json").stat().st_size, "machine": platform.processor() or platform.machine(),
+        "manifest_bytes": (args.pack / "manifest.json").stat().st_size, "machine": cpu_model(),
         "manifest_read_ms_median": round(statistics.median(read_s) * 1e3, 2),
         "full_check_s": [round(s, 2) for s in full_s],
         "full_check_mb_per_s": [round(total / 1e6 / s) for s in full_s],

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from specpack.bench.report import cpu_model
 
 SHAPES = {"lm_head": (1536, 151936), "mlp_up": (1536, 8960)}
 
@@ -68,7 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     cases: list[dict[str, object]] = []
-    out: dict[str, object] = {"machine": f"{platform.processor() or platform.machine()}", "onnxruntime": ort.__version__,
+    out: dict[str, object] = {"machine": cpu_model(), "onnxruntime": ort.__version__,
                               "onnx": onnx.__version__, "threads": args.threads, "reps": args.reps, "cases": cases}
     print("| shape | bits | block | " + " | ".join(f"M={m} ms" for m in rows) + " | GB/s at M=1 |")
     for name, (k, n) in SHAPES.items():

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from specpack.bench.report import cpu_model
 from specpack.graphs import heads
 from specpack.sampling import SamplingParams
 
@@ -110,7 +110,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     result: dict[str, object] = {
         "vocab": VOCAB, "k": K, "threads": args.threads, "rounds": args.rounds, "onnxruntime": ort.__version__,
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "cpus": os.cpu_count(),
+        "machine": cpu_model(), "cpus": os.cpu_count(),
         "load_average_before": os.getloadavg(),
         "reference_ms": {"verify_1.5b_fp32": VERIFY_MS, "draft_0.5b_fp32": DRAFT_MS},
     }

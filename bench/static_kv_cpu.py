@@ -31,7 +31,6 @@ import argparse
 import gc
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from specpack import names
+from specpack.bench.report import cpu_model
 
 FORMS = ("concat", "static-standard", "static-gqa", "genai-gqa")
 
@@ -155,16 +155,6 @@ def model_shape(model_dir: Path) -> dict[str, int]:
             "vocab": config["vocab_size"]}
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", action="append", required=True, help="ROLE=MODEL_DIR (repeat)")
@@ -181,7 +171,7 @@ def main() -> None:
     contexts, seqs = [int(c) for c in args.contexts.split(",")], [int(s) for s in args.seqs.split(",")]
 
     results: dict[str, Any] = {
-        "machine": {"cpu": cpu_name(), "cores": os.cpu_count(), "shared": True},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "shared": True},
         "onnxruntime": __import__("onnxruntime").__version__, "dtype": "fp32", "max_len": args.max_len,
         "reps": args.reps, "rounds": args.rounds, "models": {}}
     for item in args.model:

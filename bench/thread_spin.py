@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from specpack.bench.report import cpu_model
 
 SETTINGS = {"spin_within_run": True, "never_spin": False}
 
@@ -102,9 +103,7 @@ def main() -> None:
     print("median over rounds:", json.dumps(summary), "\nspin within run / never spin:",
           ", ".join(f"{m} {v:.3f}" for m, v in ratio.items()))
     if args.json is not None:
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), platform.processor())
-        args.json.write_text(json.dumps({"pack": str(args.pack), "cpu": cpu, "threads": args.threads,
+        args.json.write_text(json.dumps({"pack": str(args.pack), "cpu": cpu_model(), "threads": args.threads,
                                          "context": args.context, "k": args.k, "steps": args.steps,
                                          "rounds": rounds, "median": summary, "ratio": ratio}, indent=2) + "\n")
 

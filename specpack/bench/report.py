@@ -265,22 +265,34 @@ def machine_info(threads: int | None) -> dict[str, Any]:
         physical, ram = psutil.cpu_count(logical=False), psutil.virtual_memory().total / 2**30
     except ImportError:
         physical, ram = None, None
-    return {"cpu": _cpu_model(), "physical_cores": physical, "logical_cores": os.cpu_count(),
+    return {"cpu": cpu_model(), "physical_cores": physical, "logical_cores": os.cpu_count(),
             "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
             "ram_gb": ram, "os": platform.platform(), "python": platform.python_version(),
             "onnxruntime": onnxruntime.__version__, "numpy": numpy.__version__,
             "threads": threads if threads else "onnxruntime default (one per physical core)"}
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The CPU as /proc/cpuinfo names it, with its family, model and the vector extensions the int4 / int8 kernels
+    pick by (a VM's "Intel(R) Xeon(R) Processor" alone does not tell an AMX Sapphire Rapids from an older part)."""
+    fields: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model", "flags") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:  # the first processor's block is enough
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    simd = [f for f in ("avx2", "avx_vnni", "avx512f", "avx512_vnni", "amx_tile") if f in flags]
+    where = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else ""
+    details = ", ".join(part for part in (where, " ".join(simd)) if part)
+    return f"{name} ({details})" if details else name
 
 
 # --- tables ---------------------------------------------------------------------------------------------------
