@@ -22,6 +22,10 @@ Each row's own k policy (k_policy.py, adaptive_k.py) picks its k as if it ran al
                `probe_every` steps one step is capped at the best kappa >= 1 instead (the interval doubling while 0
                keeps winning, up to `probe_max`, as adaptive_k's probes), so d_B and the acceptance are measured
                again: a cap of 0 drafts nothing, so nothing else would ever correct an estimate that put it there.
+               A probe pays its rows' catch-ups (the draft feeding what the k 0 steps committed, or a row's whole prompt
+               at its first drafts; uncaptured runs on a GPU): probes come at least catch-up / (probe_share V(B rows at
+               kappa 0)) steps apart (the median catch-up measured so far), as adaptive k's (adaptive_k.py): on an H200
+               at 16 clients the probes with their catch-ups cost k auto 23 % of k 0's throughput (bench/README.md).
                A step during which the backend ran a shape's warm-up runs (Backend.warmup_runs grew: a batched CUDA
                graph captured) gives no time sample, as in adaptive k.
 
@@ -30,6 +34,7 @@ Seeded sampling rows are never capped (scheduler.py: their tokens must follow th
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from collections.abc import Callable
@@ -51,9 +56,11 @@ class BatchPolicy(Protocol):
         """The most drafts a row's step may verify while `rows` rows decode."""
         ...
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float,
+                catch_up_s: float = 0.0) -> None:
         """A step verified ks[i] drafts of row i, of which accepted[i] passed; its draft phase and verify took these
-        (draft_s None: a row's draft caught up in it, its prefill or the tokens of its k 0 steps: not a draft's cost)."""
+        (draft_s None: a row's draft caught up in it, its prefill or the tokens of its k 0 steps: not a draft's cost);
+        catch_up_s: the part of the draft phase that was catch-ups (what the step paid for drafting after k 0)."""
         ...
 
 
@@ -61,7 +68,8 @@ class NoCap:
     def cap(self, rows: int) -> int:
         return UNCAPPED
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float,
+                catch_up_s: float = 0.0) -> None:
         pass
 
 
@@ -80,6 +88,8 @@ class BatchKCap:
         most = padded_rows([k_max] * max_batch)
         self.verify: list[deque[float]] = [deque(maxlen=window) for _ in range(most + 1)]  # [most + 1] V(T) by T
         self.per_draft: deque[float] = deque(maxlen=window)  # d_B samples: the draft phase / the most drafts of a row
+        self.catch_ups: deque[float] = deque(maxlen=window)  # the catch-ups' seconds of steps that drafted after k 0
+        self._floor = 0                                      # the fewest steps between probes for their catch-ups
         self._tokens = [0.0] * (k_max + 1)                   # [k_max+1] 1 + E[accepted | kappa]
         self._idle = 0                                       # consecutive caps of 0 since the last probe
         self._probe_interval = self.config.probe_every
@@ -100,7 +110,9 @@ class BatchKCap:
             self._idle, self._probe_interval = 0, self.config.probe_every
             return best
         self._idle += 1
-        if self._idle < self._probe_interval:
+        if self._idle == 1:  # a run of cap 0 begins: how far apart its probes must be for their catch-ups
+            self._floor = self._probe_floor(known, rows)
+        if self._idle < max(self._probe_interval, self._floor):
             return 0
         # a probe: the best kappa >= 1, so d_B and the acceptance are measured again (a cap of 0 drafts nothing, so
         # nothing else would ever correct them); the interval doubles while 0 keeps winning, up to probe_max
@@ -108,7 +120,19 @@ class BatchKCap:
         self._probe_interval = min(2 * self._probe_interval, self.config.probe_max)
         return max(range(1, len(rates)), key=rates.__getitem__)
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
+    def _probe_floor(self, known: list[tuple[int, float]], rows: int) -> int:
+        """catch-up / (probe_share V(rows at kappa 0)), in steps; 0 while no catch-up was timed."""
+        if not self.catch_ups:
+            return 0
+        t = min(padded_rows([0] * rows), len(self.verify) - 1)
+        plain = _interpolate(known, t, self.config.verify_slope)
+        if plain <= 0:
+            return 0
+        return min(math.ceil(statistics.median(self.catch_ups) / (self.config.probe_share * plain)),
+                   4 * self.config.probe_max)
+
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float,
+                catch_up_s: float = 0.0) -> None:
         if not ks:
             return
         for k, n in zip(ks, accepted, strict=True):
@@ -117,6 +141,8 @@ class BatchKCap:
             seen, self._warmups_seen = self._warmups_seen, self.warmups()
             if self._warmups_seen != seen:  # a shape captured during this step (e.g. a batched CUDA graph)
                 return
+        if catch_up_s > 0:
+            self.catch_ups.append(catch_up_s)
         t = min(padded_rows(ks), len(self.verify) - 1)
         self.verify[t].append(verify_s)
         if (most := max(ks)) > 0 and draft_s is not None:

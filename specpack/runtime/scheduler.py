@@ -234,8 +234,12 @@ class Scheduler(Generic[J]):
         # phase is not the drafts' cost (the row drafter's catch-ups ran apart: catch_up_s)
         caught_up = any(p.k > 0 and row.last_k == 0 and row.decoding.drafter is not self.row_drafter
                         for row, p in planned)
+        # what the step paid for drafting after k 0: the row drafter's catch-ups, or (a row that caught up on its own
+        # slot, inside its draft phase) the whole phase, an upper bound
+        phase = t_verify - t_draft
         self.batch_policy.observe([p.k for _, p in planned], [r.n_accepted for r, _ in results],
-                                  None if caught_up else t_verify - t_draft - catch_up_s, self.clock() - t_verify)
+                                  None if caught_up else phase - catch_up_s, self.clock() - t_verify,
+                                  catch_up_s=phase if caught_up else catch_up_s)
         for (row, proposal), (result, verify_s) in zip(planned, results, strict=True):
             row.last_k = proposal.k
             try:

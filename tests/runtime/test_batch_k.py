@@ -3,6 +3,8 @@ backend over bigram tables: the logic beside the real-backend tests of test_sche
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from harness import bigram_backend, table
 
@@ -71,6 +73,22 @@ def test_a_cap_of_zero_is_probed_again() -> None:
     assert cap.cap(4) >= 1  # drafting wins again
 
 
+def test_probes_are_spaced_by_their_catch_ups() -> None:
+    """Where k 0 wins and a probe's catch-ups cost 5 steps' time (16 rows on an H200: the draft's uncaptured catch-ups
+    and first prompts made k auto 0.77x k 0), probes come at least 5 / probe_share = 100 steps apart; without a
+    catch-up timed they keep the probe_every schedule (the test above)."""
+    config = AdaptiveConfig(prior_acceptance=0.8, prior_weight=50.0, probe_every=4)
+    cap = BatchKCap(4, 4, config)
+    step = 0.1 * padded_rows([0] * 4)  # V at kappa 0: 0.8 s
+    for ks in ([0, 0, 0, 0], [2, 2, 2, 2]):
+        cap.observe(ks, [1 if k else 0 for k in ks], 10.0 * max(ks), 0.1 * padded_rows(ks))  # 5 s a draft: k 0 wins
+    cap.observe([1] * 4, [0] * 4, None, 0.1 * padded_rows([1] * 4), catch_up_s=5 * step)
+    caps = [cap.cap(4) for _ in range(320)]
+    probes = [i for i, c in enumerate(caps) if c > 0]
+    floor = 5 / config.probe_share  # under 4 probe_max (256), the floor's own cap
+    assert len(probes) >= 2 and probes[0] >= floor - 1 and all(b - a >= floor for a, b in itertools.pairwise(probes)), probes
+
+
 def test_nothing_is_capped_before_anything_is_measured() -> None:
     assert BatchKCap(4, 8).cap(8) == UNCAPPED and NoCap().cap(64) == UNCAPPED
 
@@ -83,7 +101,8 @@ class _Cap:
     def cap(self, rows: int) -> int:
         return self.value
 
-    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float) -> None:
+    def observe(self, ks: list[int], accepted: list[int], draft_s: float | None, verify_s: float,
+                catch_up_s: float = 0.0) -> None:
         self.steps += 1
         self.draft_s.append((list(ks), draft_s))
         assert all(k <= self.value for k in ks[:1])  # row 0 is capped; row 1 (seeded sampling) is not
