@@ -44,17 +44,18 @@ def row_counts(b: GraphBuilder) -> Value:
 
 
 def positions(b: GraphBuilder, rows_k1: Value | None = None) -> Value:
-    """pos [B, K+1]: pos[b, i] = min(S_b - k_b - 1 + i, S - 1), the positions row b's verify reads (docstring);
+    """pos [B, K+1]: pos[b, i] = min(S_b - k_b - 1 + i, S_b - 1), the positions row b's verify reads (docstring);
     rows_k1: K + 1 as int64 [1] (default: from draft_probs' shape)."""
     rows = b.op("Squeeze", _rows(b) if rows_k1 is None else rows_k1, b.const([0]))  # [] K + 1
     steps = b.op("Range", b.const(0), rows, b.const(1))  # [K+1]
-    start = b.op("Sub", b.op("Sub", names.TOKEN_COUNTS, row_counts(b)), b.const([1]))  # [B] S_b - k_b - 1
+    start = b.op("Sub", b.op("Sub", names.TOKEN_COUNTS, row_counts(b)), b.const([1]))  # [B] S_b - k_b - 1 (>= 0)
     pos = b.op("Add", b.op("Unsqueeze", start, b.const([1])), steps)  # [B, K+1]
-    last = b.op("Squeeze", b.op("Sub", b.op("Shape", names.INPUT_IDS, start=1, end=2), b.const([1])),
-                b.const([0]))  # [] S - 1
-    # [B, K+1] (pads clamped into the row: never read). Clip, not Min / Max: its bounds are host inputs of the CUDA
-    # kernel, so S - 1 (from a shape) never needs a host -> device copy, which CUDA graph capture refuses
-    return b.op("Clip", pos, b.const(0), last)
+    # [B, K+1]: pads (i > k_b) clamped to the row's own last token (never read). The bound is S_b - 1 from the
+    # token_counts input, a device tensor, never S - 1 from input_ids' shape: a shape is a host value, and the CUDA EP
+    # copies a host value into a device op (a Memcpy node, which CUDA graph capture refuses; a Clip's bounds too: an
+    # H100, 2026-12-07, onnxruntime-gpu 1.31.1)
+    last = b.op("Unsqueeze", b.op("Sub", names.TOKEN_COUNTS, b.const([1])), b.const([1]))  # [B, 1] S_b - 1
+    return b.op("Min", pos, last)
 
 
 def gather_rows(b: GraphBuilder, x: Value, pos: Value) -> Value:

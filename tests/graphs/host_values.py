@@ -4,7 +4,7 @@ Modelled on onnxruntime/core/framework/fallback_cpu_capability.cc (GetCpuPreferr
 host (CPU) tensor; a node that reads one is placed on the CPU, its outputs then host tensors too, when every one of
 its inputs is a constant, a graph input or a host tensor read at a slot its CUDA kernel does not declare a CPU input
 (shape arithmetic); a node that reads host tensors only at declared CPU inputs (a Range's bounds, a Reshape's or
-Expand's shape, a ConstantOfShape's shape, a Clip's bounds, axes) stays on the device and writes device tensors. A
+Expand's shape, a ConstantOfShape's shape, axes) stays on the device and writes device tensors. A
 device node that reads a host tensor anywhere else gets a Memcpy node, as does a CPU input that reads a tensor computed
 on the device (a shape that follows the data: the batched draft's K = max k_b on an H200, 2026-12-07), and a session
 with Memcpy nodes refuses CUDA-graph capture ("all compute graph nodes have not been partitioned to the
@@ -22,7 +22,6 @@ CPU_INPUTS: dict[str, frozenset[int]] = {
     "Unsqueeze": frozenset({1}), "Slice": frozenset({1, 2, 3, 4}), "ConstantOfShape": frozenset({0}),
     "Tile": frozenset({1}), "ReduceSum": frozenset({1}), "ReduceMax": frozenset({1}), "ReduceMin": frozenset({1}),
     "Pad": frozenset({1, 2, 3}), "TopK": frozenset({1}), "Split": frozenset({1}), "Resize": frozenset({1, 2, 3}),
-    "Clip": frozenset({1, 2}),  # min, max (providers/cuda/math/clip.cc, opset 11 on)
     "GroupQueryAttention": frozenset({6}),  # total_sequence_length (contrib_ops/cuda/bert/group_query_attention.cc)
 }
 

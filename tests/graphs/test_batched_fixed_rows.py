@@ -62,8 +62,10 @@ def test_the_captured_forms_copy_nothing_between_host_and_device(draft_graph: Pa
                                                                  tmp_path: Path) -> None:
     """The forms the cuda backend captures (the draft's fixed rows, the verify graph's greedy form) are clean; the
     draft's head as exported is not (its K + 1 = max k_b + 1 is a device value ranged over on the host), which shows
-    the check can fail, as it did on the graphs before the Clip and the device-side S (Min(pos, S - 1), mask sum - S:
-    a host value entering device ops)."""
+    the check can fail, as it did on the graphs before the device-side bounds (Min(pos, S - 1), mask sum - S: a host
+    value entering device ops), and on the Clip(pos, 0, S - 1) that followed: it names the Clip's max, the very value an
+    H100 copied in (2026-12-07: "Add MemcpyFromHost after specpack/squeeze_36"; pos is now clamped to S_b - 1 from
+    token_counts, a device input)."""
     from specpack.graphs.attach import build_batched_verify_graph
 
     verify = attached_copy(tiny_batched_plain("qwen2", "noisy"), tmp_path / "verify_batched.onnx", VOCAB,
