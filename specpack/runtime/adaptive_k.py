@@ -54,7 +54,10 @@ steps committed), measured as the probe's draft phase less its drafts (MeasuredC
 requests): probes come at least catch-up / (`probe_share` V(0)) steps apart, so they take at most that share of the
 decode time (on an H200, 0.5B draft: one uncaptured catch-up cost about 3.5 target steps, and the probes at 8, 16, 32,
 64 steps of every 128-token request took 12 % of it where k = 0 won: one client through the scheduler ran at 0.84x its
-k 0; bench/README.md, "Again, 2026-12-07"). The floor is at most 4 `probe_max`.
+k 0; bench/README.md, "Again, 2026-12-07"). The floor is at most 4 `probe_max`. A probe is two drafting steps: the
+first pays the catch-up (no d sample), the second times a draft, so the probes can correct a d measured too high; with
+one step they never did (one client through the scheduler on an H100 kept d at 12.3 ms, the draft's 2.2 ms alone, from
+its warm-up, and k at 0 for good; bench/README.md, "An H100, 2026-12-07").
 """
 
 from __future__ import annotations
@@ -348,6 +351,7 @@ class AdaptiveK:
         # the next drafts start with a catch-up: after a k = 0 step, and at a request's first step (a head drafter
         # reads the whole prompt's features then: one uncaptured run, several target steps on a GPU)
         self._after_idle = True
+        self._probing = False               # the last step was a probe's first (its catch-up): the next one times a draft
 
     @property
     def k_max(self) -> int:
@@ -358,6 +362,10 @@ class AdaptiveK:
             return 0
         if not self.costs.any_measured():
             return min(self.config.first_k, self._k_max)
+        if self._probing:
+            self._probing = False
+            if not self._after_idle:  # the probe drafted: one more step at k >= 1, whose draft phase is drafts alone
+                return self.best(1)
         interval = max(self._probe_interval, self._probe_floor)
         if 0 < self._idle < interval - 1:
             # a run of k = 0 until the next probe: a plain step changes no acceptance count and only re-times
@@ -372,7 +380,7 @@ class AdaptiveK:
                 self._probe_floor = self._floor()
             if self._idle < max(self._probe_interval, self._probe_floor):
                 return 0
-            self._idle = 0
+            self._idle, self._probing = 0, True
             self._probe_interval = min(2 * self._probe_interval, self.config.probe_max)
             return self.best(1)
         self._idle, self._probe_interval = 0, self.config.probe_every
