@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stage what bench/gpu_head.py needs on the device machine (bench/README.md, "The draft head on the GPU"): the CUDA
 # wheels (../shared/device/stage ort-gpu first), the 1.5B target's GGUF and the prompt files, as .device/partNN of
-# 45 MiB (PART_SIZE; each part and the ~15 MiB repository stay under a call's 64 MiB), with ../shared/device/stage's unpack.sh.
+# PART_SIZE (default: 62 MiB less the tracked working tree, which travels with every part: a call carries 64 MiB in all;
+# 45 MiB parts stopped fitting once the tree passed 18.6 MiB, 2026-12-07), with ../shared/device/stage's unpack.sh.
 # STAGE_DRAFT=1 / STAGE_SERVE=1 (below): the 0.5B draft's GGUF / the HTTP server's and openai client's wheels, for
 # launch_head_run.sh's GPU_BATCHED=1 / GPU_SERVE_LOAD=1 (bench/gpu_batched.py, bench/device/serve_load_gpu.sh).
 # HEAD_DIR (optional): an earlier run's head folder (head.json, head.safetensors), staged too: launch_head_run.sh puts it
@@ -39,6 +40,8 @@ if [ "${STAGE_SERVE:-0}" = 1 ]; then
     truststore==0.10.5 jiter==0.19.0 sniffio==1.3.1 anyio==4.16.0 h11==0.16.0 idna==3.21
   files+=("$serve_wheels"/*.whl)
 fi
+tree_mib=$(( $(git ls-files -z | xargs -0 du -cb | tail -n 1 | cut -f1) / 1048576 + 1 ))
+part_size=${PART_SIZE:-$(( 62 - tree_mib ))M}
 rm -f .device/part*
-tar -cf - -C / $(for f in "${files[@]}"; do readlink -f "$f" | sed 's|^/||'; done) | split -b "${PART_SIZE:-45M}" -d -a 2 - .device/part
-echo "$(ls .device/part* | wc -l) parts in .device/"
+tar -cf - -C / $(for f in "${files[@]}"; do readlink -f "$f" | sed 's|^/||'; done) | split -b "$part_size" -d -a 2 - .device/part
+echo "$(ls .device/part* | wc -l) parts of $part_size in .device/ (the working tree: $tree_mib MiB)"
