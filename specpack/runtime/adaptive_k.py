@@ -50,11 +50,14 @@ Exploration: while k = 0 wins, every `probe_every` steps one step runs at the be
 doubles each time k = 0 wins again, up to `probe_max`, and resets once a k >= 1 wins); while drafting, every
 `neighbor_every`-th step runs at a neighbour of the best k, alternately above and below, so the costs and the
 acceptance around it stay measured. A probe pays its drafter's catch-up (the model drafter feeding the tokens its k = 0
-steps committed), measured as the probe's draft phase less its drafts (MeasuredCosts.probe_cost, kept across
-requests): probes come at least catch-up / (`probe_share` V(0)) steps apart, so they take at most that share of the
-decode time (on an H200, 0.5B draft: one uncaptured catch-up cost about 3.5 target steps, and the probes at 8, 16, 32,
-64 steps of every 128-token request took 12 % of it where k = 0 won: one client through the scheduler ran at 0.84x its
-k 0; bench/README.md, "Again, 2026-12-07"). The floor is at most 4 `probe_max`. A probe is two drafting steps: the
+steps committed), measured as the probe's draft phase less its drafts, with the tokens it caught up on (kept across
+requests). Its fixed part F (MeasuredCosts.probe_cost: a least-squares line over (tokens, seconds), F its intercept;
+the median catch-up while one length was seen) is what spacing the probes saves: they come at least F / (`probe_share`
+V(0)) steps apart, so F takes at most that share of the decode time. On an H200 an uncaptured catch-up cost about 3.5
+target steps whatever its length, and the probes at 8, 16, 32, 64 steps of every 128-token request took 12 % of the
+time where k = 0 won (one client through the scheduler ran at 0.84x its k 0; bench/README.md, "Again, 2026-12-07"); a
+catch-up that grows with the tokens (the CPU's, captured chunks) has F near 0 and keeps the schedule above, since its
+share does not fall with the spacing. The floor is at most 4 `probe_max`. A probe is two drafting steps: the
 first pays the catch-up (no d sample), the second times a draft, so the probes can correct a d measured too high; with
 one step they never did (one client through the scheduler on an H100 kept d at 12.3 ms, the draft's 2.2 ms alone, from
 its warm-up, and k at 0 for good; bench/README.md, "An H100, 2026-12-07").
@@ -64,7 +67,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -184,19 +187,23 @@ class Costs(Protocol):
 
     def any_measured(self) -> bool: ...
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, skipped: int = 0) -> None:
         """A step of k drafts took elapsed_s, draft_s of it drafting; per_draft False: draft_s is not k drafts'
-        cost (a catch-up was in it), keep only the rest; probe: the step drafted right after k = 0 steps (what its
-        draft phase holds beyond k drafts is a probe's catch-up)."""
+        cost (a catch-up was in it), keep only the rest; skipped > 0: the step drafted right after that many k = 0
+        steps (what its draft phase holds beyond k drafts is a probe's catch-up over their tokens)."""
         ...
 
     def probe_cost(self) -> float:
-        """A probe's catch-up, in step_times' unit (0 while unknown)."""
+        """The fixed part of a probe's catch-up (what does not grow with the tokens skipped), in step_times' unit (0
+        while unknown)."""
         ...
 
     def step_times(self, out: list[float]) -> None:
         """out[k] = k d + V(k) for k in 0..k_max, in any one unit (only ratios matter)."""
         ...
+
+
+LENGTHS = 8  # the catch-up lengths MeasuredCosts keeps (the fit of a probe's fixed cost)
 
 
 class MeasuredCosts:
@@ -218,7 +225,9 @@ class MeasuredCosts:
         self.per_draft: deque[float] = deque(maxlen=window)                               # d samples
         self.earlier: list[float | None] = [None] * (k_max + 1)  # [k_max+1] V(k) medians of earlier requests
         self.earlier_draft: float | None = None
-        self.catch_ups: deque[float] = deque(maxlen=window)  # probes' catch-ups, kept across requests
+        # probes' catch-ups (s) by the tokens they fed, the LENGTHS most recent lengths, kept across requests: probes at
+        # probe_max apart all feed one length, which alone could not tell a fixed cost from one per token
+        self.catch_ups: OrderedDict[int, deque[float]] = OrderedDict()
 
     def start(self) -> None:
         """A new request: the costs known so far (this request's, and the earlier ones scaled to its level)
@@ -239,7 +248,7 @@ class MeasuredCosts:
         drafts_timed = bool(self.per_draft) or self.earlier_draft is not None
         return drafts_timed and any(self.measured(k) for k in range(len(self.rest)))
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, skipped: int = 0) -> None:
         if self.warmups is not None:  # a shape captured during this step: its time is not the shape's cost
             seen, self._warmups_seen = self._warmups_seen, self.warmups()
             if self._warmups_seen != seen:
@@ -247,11 +256,24 @@ class MeasuredCosts:
         self.rest[k].append(max(elapsed_s - draft_s, 0.0))
         if k > 0 and per_draft:
             self.per_draft.append(draft_s / k)
-        if k > 0 and probe and self.any_measured():
-            self.catch_ups.append(max(draft_s - k * self._known()[1], 0.0))
+        if k > 0 and skipped > 0 and self.any_measured():
+            samples = self.catch_ups.pop(skipped, None) or deque(maxlen=self.window)
+            samples.append(max(draft_s - k * self._known()[1], 0.0))
+            self.catch_ups[skipped] = samples  # the most recent length last
+            while len(self.catch_ups) > LENGTHS:
+                self.catch_ups.popitem(last=False)
 
     def probe_cost(self) -> float:
-        return statistics.median(self.catch_ups) if self.catch_ups else 0.0
+        if not self.catch_ups:
+            return 0.0
+        tokens = [float(m) for m in self.catch_ups]
+        seconds = [statistics.median(samples) for samples in self.catch_ups.values()]
+        if len(tokens) < 2:  # one length seen: all of it may be fixed
+            return seconds[0]
+        mean_m, mean_c = statistics.fmean(tokens), statistics.fmean(seconds)
+        slope = sum((m - mean_m) * (c - mean_c) for m, c in zip(tokens, seconds, strict=True)) / sum(
+            (m - mean_m) ** 2 for m in tokens)
+        return max(mean_c - max(slope, 0.0) * mean_m, 0.0)  # the line's intercept: F
 
     def step_times(self, out: list[float]) -> None:
         known, d = self._known()
@@ -288,7 +310,7 @@ class PriorCosts:
     def any_measured(self) -> bool:
         return True
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None:
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, skipped: int = 0) -> None:
         pass
 
     def probe_cost(self) -> float:
@@ -345,6 +367,7 @@ class AdaptiveK:
         self._probe_interval = self.config.probe_every  # k = 0 steps before the next probe (at least _probe_floor)
         self._probe_floor = 0               # the steps whose time a probe's catch-up may take a probe_share of
         self._started = False               # a step was observed (the first one's catch-up is the prompt's)
+        self._plain = 0                     # k = 0 steps since the last drafting step (the tokens a catch-up feeds)
         self._drafting = 0                  # steps at a k >= 1 by choice
         self._verified = 0                  # steps that verified drafts
         self._above = True                  # the next neighbour explored is best + 1
@@ -398,11 +421,13 @@ class AdaptiveK:
     def _observe_costs(self, k: int, elapsed_s: float, draft_s: float) -> None:
         self._verified += k > 0
         self.costs.observe(k, elapsed_s, draft_s, per_draft=not self._after_idle,
-                           probe=self._after_idle and self._started)
+                           skipped=self._plain if self._after_idle and self._started and k > 0 else 0)
+        self._plain = self._plain + 1 if k == 0 else 0
         self._after_idle, self._started = k == 0, True
 
     def _floor(self) -> int:
-        """The fewest k = 0 steps between probes for their catch-ups to take at most probe_share of the time."""
+        """The fewest k = 0 steps between probes for their catch-ups' fixed part to take at most probe_share of the
+        time."""
         self.costs.step_times(self._times)
         catch_up, plain = self.costs.probe_cost(), self._times[0]
         if catch_up <= 0 or plain <= 0:

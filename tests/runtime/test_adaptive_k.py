@@ -30,19 +30,23 @@ CPU_V = [1.0, 1.07, 1.17, 1.2, 1.22, 1.26, 1.29, 1.32, 1.35]  # v(k) measured on
 
 def simulate(policy: AdaptiveK, steps: int, d: float, v: Callable[[int], float],
              acceptance: Callable[[int], float], seed: int = 0, catch_up: float = 0.0,
-             first_catch_up: float = 0.0) -> list[int]:
+             first_catch_up: float = 0.0, catch_up_per_token: float = 0.0) -> list[int]:
     """Run `steps` steps: k from the policy, i.i.d. acceptance per position (acceptance(step)), time k d + v(k);
-    a step that drafts right after a k = 0 step spends `catch_up` more in its draft phase (the draft model
-    feeding the tokens committed without it), the first step `first_catch_up` more (a head reading the prompt)."""
+    a step that drafts right after k = 0 steps spends `catch_up` more in its draft phase, plus `catch_up_per_token`
+    per k = 0 step before it (the draft model feeding the tokens committed without it: one uncaptured run, or chunks),
+    the first step `first_catch_up` more (a head reading the prompt)."""
     rng = np.random.default_rng(seed)
     ks: list[int] = []
+    plain = 0  # k = 0 steps since the last drafting step
     for step in range(steps):
         k = policy.next_k(None)  # type: ignore[arg-type]  # the policy does not read the state
         n = 0
         while n < k and rng.random() < acceptance(step):
             n += 1
-        drafting = k * d + (catch_up if k and ks and ks[-1] == 0 else 0.0) + (first_catch_up if not ks else 0.0)
+        behind = catch_up + catch_up_per_token * plain if k and plain else 0.0
+        drafting = k * d + behind + (first_catch_up if not ks else 0.0)
         policy.observe(k, n, drafting + v(k), drafting)
+        plain = plain + 1 if k == 0 else 0
         ks.append(k)
     return ks
 
@@ -99,6 +103,12 @@ def test_probes_are_spaced_by_their_catch_up() -> None:
     free = simulate(AdaptiveK(8), 600, **slow)  # type: ignore[arg-type]
     free_probes = probe_starts(free)
     assert free_probes[1] - free_probes[0] < floor and len(free_probes) > len(probes)
+    # a catch-up that grows with the tokens skipped (0.2 target steps a token: chunks) has no fixed part to save by
+    # spacing: once two lengths are seen (the first alone counts as fixed), the probe_every schedule's spacing, never
+    # beyond probe_max, as without a catch-up
+    linear = probe_starts(simulate(AdaptiveK(8), 600, catch_up_per_token=0.2, **slow))  # type: ignore[arg-type]
+    assert max(b - a for a, b in itertools.pairwise(linear)) <= AdaptiveConfig().probe_max + 1, linear
+    assert len(linear) >= len(free_probes) - 2
 
 
 def test_the_probes_correct_a_draft_cost_measured_too_high() -> None:

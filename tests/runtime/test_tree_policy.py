@@ -33,7 +33,7 @@ class TableCosts:
     def any_measured(self) -> bool:
         return True
 
-    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, probe: bool = False) -> None: ...
+    def observe(self, k: int, elapsed_s: float, draft_s: float, per_draft: bool = True, skipped: int = 0) -> None: ...
 
     def probe_cost(self) -> float:
         return 0.0
