@@ -250,3 +250,34 @@ def test_without_tree_precapture_a_tree_request_binds_new_shapes(tree_packs: dic
     finally:
         cpu.close()
         dev.close()
+
+
+def test_warmup_runs_are_counted_per_thread() -> None:
+    """ONNX Runtime's CUDA EP keeps captured graphs per thread: a shape captured on the loading thread (pre-capture)
+    is run plainly and captured again the first CAPTURE_RUNS times a batcher's thread runs it, so those runs count as
+    warm-ups there too (the k policies take no time sample from them: one client through the scheduler on an H100
+    timed them as drafts, d 12.3 ms against 2.2 ms). Over a stand-in session (no GPU here): the counting alone."""
+    import threading
+
+    from specpack.runtime.backends.cuda import CAPTURE_RUNS, DeviceSession, WarmupRuns
+
+    class Session:
+        def run_with_iobinding(self, binding: object, options: object) -> None: ...
+
+    class Ort:
+        class RunOptions:
+            def add_run_config_entry(self, key: str, value: str) -> None: ...
+
+    session: Any = object.__new__(DeviceSession)
+    session.capture, session.session, session._ort = True, Session(), Ort()
+    session._graph_ids, session._run_options, session._runs = {}, {}, {}
+    session._warmups = warmups = WarmupRuns()
+    for _ in range(CAPTURE_RUNS + 3):
+        session.run(None, ("verify", 2))
+    assert warmups.count == CAPTURE_RUNS  # this thread: captured, then replayed
+    other = threading.Thread(target=lambda: [session.run(None, ("verify", 2)) for _ in range(CAPTURE_RUNS + 3)])
+    other.start()
+    other.join()
+    assert warmups.count == 2 * CAPTURE_RUNS  # another thread captures the same shape again
+    session.run(None, ("verify", 2))
+    assert warmups.count == 2 * CAPTURE_RUNS and len(session._graph_ids) == 1  # one graph id for the shape

@@ -62,7 +62,9 @@ if TYPE_CHECKING:
 PROVIDER = "CUDAExecutionProvider"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
 # ONNX Runtime runs a new gpu_graph_id once as a plain run (its allocations), captures it on the next run and replays
-# it from then on: a shape's first CAPTURE_RUNS runs cost several replays each (warm-up runs, WarmupRuns)
+# it from then on: a shape's first CAPTURE_RUNS runs cost several replays each (warm-up runs, WarmupRuns). Its CUDA EP
+# keeps the captured graphs per thread (PerThreadContext): a shape captured on one thread (the load's precapture, on the
+# caller's) is run plainly and captured again on another (the batcher's), so runs are counted per thread
 CAPTURE_RUNS = 2
 
 
@@ -122,7 +124,7 @@ class DeviceSession:
         self.input_names = {spec.name for spec in entry.graph.inputs}
         self._graph_ids: dict[tuple[Any, ...], int] = {}
         self._run_options: dict[int, Any] = {}
-        self._runs: dict[int, int] = {}  # graph id -> its runs so far
+        self._runs: dict[tuple[int, int], int] = {}  # (thread, graph id) -> its runs so far on that thread
         self._warmups = warmups if warmups is not None else WarmupRuns()
 
     def _open(self, model: Path | bytes, folder: Path, device: str, capture: bool, threads: int | None) -> Any:
@@ -149,7 +151,8 @@ class DeviceSession:
         graph_id = SKIP_CAPTURE
         if self.capture and key is not None:
             graph_id = self._graph_ids.setdefault(key, len(self._graph_ids))
-            runs = self._runs[graph_id] = self._runs.get(graph_id, 0) + 1
+            where = (threading.get_ident(), graph_id)
+            runs = self._runs[where] = self._runs.get(where, 0) + 1
             self._warmups.count += runs <= CAPTURE_RUNS
         options = self._run_options.get(graph_id)
         if options is None:
