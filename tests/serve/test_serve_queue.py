@@ -11,7 +11,9 @@ from conftest import MODEL, Live
 from serve_harness import metric, wait_until
 
 PROMPT = "def fibonacci(n):\n    "
-LONG = 200  # max_tokens of a request meant to be interrupted
+LONG = 200  # max_tokens of a request meant to be interrupted: greedy (temperature 0), so it runs to its length (a
+            # sampled one can draw the end of text within a few tokens and finish before the test acts: a 200 where
+            # a 504 was due, once in a CI run, 2026-12-07)
 
 
 def scrape(client: openai.OpenAI, live: Live, name: str) -> float:
@@ -39,7 +41,7 @@ def test_client_that_disconnects_mid_stream_frees_the_server(client: openai.Open
 def test_full_queue_answers_429_with_retry_after(client: openai.OpenAI, live: Live) -> None:
     assert live.decoder.max_queue == 1
     live.pack.delay = 0.05
-    running = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG, stream=True)
+    running = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG, temperature=0, stream=True)
     next(running)  # decoding now
     waiting_result: list[object] = []
     waiter = threading.Thread(target=lambda: waiting_result.append(
@@ -62,7 +64,7 @@ def test_request_timeout_cancels_the_decode(client: openai.OpenAI, live: Live) -
     try:
         started = time.monotonic()
         with pytest.raises(openai.InternalServerError) as info:  # 504: the client's class for 5xx
-            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG)
+            client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG, temperature=0)
         assert info.value.status_code == 504 and info.value.code == "timeout"
         assert time.monotonic() - started < 5
         assert wait_until(lambda: scrape(client, live, "specpack_running_requests") == 0, timeout=5)
@@ -91,10 +93,10 @@ def test_non_streaming_client_that_gives_up_is_cancelled(client: openai.OpenAI, 
     impatient = client.with_options(timeout=1.0)
     running = None
     if state == "waiting":  # another request holds the decoder
-        running = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG, stream=True)
+        running = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG, temperature=0, stream=True)
         next(running)
     with pytest.raises(openai.APITimeoutError):
-        impatient.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG)
+        impatient.completions.create(model=MODEL, prompt=PROMPT, max_tokens=LONG, temperature=0)
     assert wait_until(lambda: scrape(client, live, 'specpack_requests_cancelled_total{reason="disconnect"}')
                       == before + 1, timeout=5)
     assert scrape(client, live, "specpack_queue_depth") == 0
