@@ -270,7 +270,7 @@ def test_warmup_runs_are_counted_per_thread() -> None:
 
     session: Any = object.__new__(DeviceSession)
     session.capture, session.session, session._ort = True, Session(), Ort()
-    session._graph_ids, session._run_options, session._runs = {}, {}, {}
+    session._graph_ids, session._run_options, session._local = {}, {}, threading.local()
     session._warmups = warmups = WarmupRuns()
     for _ in range(CAPTURE_RUNS + 3):
         session.run(None, ("verify", 2))

@@ -124,7 +124,7 @@ class DeviceSession:
         self.input_names = {spec.name for spec in entry.graph.inputs}
         self._graph_ids: dict[tuple[Any, ...], int] = {}
         self._run_options: dict[int, Any] = {}
-        self._runs: dict[tuple[int, int], int] = {}  # (thread, graph id) -> its runs so far on that thread
+        self._local = threading.local()  # .runs: graph id -> its runs on this thread, up to CAPTURE_RUNS
         self._warmups = warmups if warmups is not None else WarmupRuns()
 
     def _open(self, model: Path | bytes, folder: Path, device: str, capture: bool, threads: int | None) -> Any:
@@ -151,9 +151,13 @@ class DeviceSession:
         graph_id = SKIP_CAPTURE
         if self.capture and key is not None:
             graph_id = self._graph_ids.setdefault(key, len(self._graph_ids))
-            where = (threading.get_ident(), graph_id)
-            runs = self._runs[where] = self._runs.get(where, 0) + 1
-            self._warmups.count += runs <= CAPTURE_RUNS
+            runs = getattr(self._local, "runs", None)
+            if runs is None:
+                runs = self._local.runs = {}
+            done = runs.get(graph_id, 0)
+            if done < CAPTURE_RUNS:  # a warm-up run on this thread (counted once past: nothing allocated per step)
+                runs[graph_id] = done + 1
+                self._warmups.count += 1
         options = self._run_options.get(graph_id)
         if options is None:
             options = self._run_options[graph_id] = self._ort.RunOptions()
