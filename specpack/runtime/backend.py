@@ -29,6 +29,8 @@ from specpack.errors import SpecpackError
 
 if TYPE_CHECKING:
     from specpack.contract.manifest import Manifest
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
+    from specpack.runtime.batched_target import BatchedRuns
     from specpack.runtime.engine import HeadTreeRun, TopRows
     from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
@@ -124,6 +126,11 @@ class Backend(Protocol):
 
     def warmup_runs(self) -> int:
         """Runs so far of a captured shape before its graph replays: what adaptive k must not time (0: none)."""
+        ...
+
+    def precapture_thread(self, batched: BatchedRuns | None, drafter: BatchedGreedyDrafter | None) -> int:
+        """On the calling thread (a batcher's, before its first step): the shapes its steps run, captured there where
+        the backend captures per thread (the cuda backend); the runs made (0: nothing to do)."""
         ...
 
     def close(self) -> None: ...

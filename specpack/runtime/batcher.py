@@ -6,7 +6,9 @@
                                         │ on_text, finish: from this thread
     Handle: iterate its text pieces as they come, cancel(), result() -> Generation (or the error it ended with)
 
-The thread starts with the Batcher and sleeps while nothing is in flight. `close()` finishes every job still in
+The thread starts with the Batcher, first runs `prepare` (the backend's captures on this thread: CUDA graphs are
+kept per thread; jobs submitted meanwhile wait for it; if it raises, every job ends with that error), and sleeps while
+nothing is in flight. `close()` finishes every job still in
 flight with a SpecpackError and joins the thread.
 """
 
@@ -79,9 +81,10 @@ class Batcher(Generic[J]):
     """Owns a Scheduler on a thread of its own; `submit` from any thread."""
 
     def __init__(self, scheduler: Scheduler[J], exclusive: Callable[[], AbstractContextManager[Any]], *,
-                 max_waiting: int) -> None:
+                 max_waiting: int, prepare: Callable[[], Any] | None = None) -> None:
         """exclusive: the pack's lock around each step (Pack.exclusive), so that direct users of the backend (bench)
-        never run between a step's phases."""
+        never run between a step's phases; prepare: run on the thread before its first step, under `exclusive` (the
+        backend's captures: Backend.precapture_thread); what it raises ends every job (`broken`)."""
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 0:
             raise SpecpackError("invalid max_waiting", expected="an integer >= 0", found=repr(max_waiting))
         self.scheduler, self.max_waiting = scheduler, max_waiting
@@ -94,6 +97,9 @@ class Batcher(Generic[J]):
         self.batch_sizes: list[int] = []  # rows decoding at each iteration (bounded: the last 4096)
         self.on_step: Callable[[int], None] | None = None  # after each iteration, with its rows (server metrics)
         self.closers: list[Callable[[], None]] = []  # run by close() once the thread ended (engines it owns)
+        self._prepare = prepare
+        self.broken: Exception | None = None  # what `prepare` raised: every job ends with it
+        self.prepared = threading.Event()     # set once `prepare` returned or raised
         self._thread = threading.Thread(target=self._run, name="specpack-batcher", daemon=True)
         self._thread.start()
 
@@ -138,6 +144,13 @@ class Batcher(Generic[J]):
                 closer()
 
     def _run(self) -> None:
+        if self._prepare is not None:
+            try:
+                with self._exclusive():
+                    self._prepare()
+            except Exception as err:
+                self.broken = err
+        self.prepared.set()
         while True:
             with self._cv:
                 while not self._inbox and self.scheduler.idle and not self._closing:
@@ -146,6 +159,11 @@ class Batcher(Generic[J]):
                 closing = self._closing
             for job in jobs:
                 self.scheduler.add(job)
+            if self.broken is not None:
+                self.scheduler.cancel_all(self.broken)
+                if closing:
+                    return
+                continue
             if closing:
                 self.scheduler.cancel_all(SpecpackError("the pack was closed while the request was in flight",
                                                         expected="requests that end before close()",

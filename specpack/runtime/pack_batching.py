@@ -14,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from specpack.errors import SpecpackError
@@ -126,7 +127,9 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
         chunked: ChunkedTarget = target  # type: ignore[assignment]
         scheduler = Scheduler(config, chunked, rows.open, rows.finish, SerialVerifier(target, time.perf_counter),
                               batch_policy=batch_policy or NoCap())
-    batcher = Batcher(scheduler, pack.exclusive, max_waiting=max_waiting)
+    # the backend's captures on the batcher's thread (CUDA graphs are kept per thread): the shapes its steps run
+    prepare = partial(pack.backend.precapture_thread, batched, batched_draft if batched is not None else None)
+    batcher = Batcher(scheduler, pack.exclusive, max_waiting=max_waiting, prepare=prepare)
     batcher.closers.extend(closers)
     rows.batcher = batcher
     return batcher

@@ -32,6 +32,8 @@ from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 if TYPE_CHECKING:
     from specpack.contract.manifest import Manifest
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
+    from specpack.runtime.batched_target import BatchedRuns
     from specpack.runtime.engine import TreeDraftEngine
 
 V = TypeVar("V", bound=VerifyEngine)  # a backend's verify engine
@@ -221,6 +223,10 @@ class EngineBackend(Generic[V, D]):
 
     def warmup_runs(self) -> int:
         """Runs so far of a captured shape before its graph replays (the cuda backend's; 0 where nothing is captured)."""
+        return 0
+
+    def precapture_thread(self, batched: BatchedRuns | None, drafter: BatchedGreedyDrafter | None) -> int:
+        """The shapes a batcher's steps run, captured on its thread (the cuda backend's; nothing where nothing is)."""
         return 0
 
     def close(self) -> None:

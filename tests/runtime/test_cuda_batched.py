@@ -262,3 +262,43 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
     assert {"greedy", "exported"} <= set(forms)  # greedy batches on the greedy form, the others as exported
     assert fixed[0] > 0 and fixed[1] > 0  # decode steps through bindings bound once per shape
     assert 3 not in target.runs and 4 in target.runs  # decode steps over [0, 2^n), prefills over their row
+
+
+@pytest.mark.parametrize("precapture", [True, False])
+def test_a_batcher_captures_its_decode_shapes_on_its_own_thread(batched_pack: tuple[Path, Manifest],
+                                                                  precapture: bool) -> None:
+    """ONNX Runtime keeps CUDA graphs per thread: start_batching runs the batched engines' decode step shapes
+    (cuda_precapture.precapture_batched) on the batcher's thread before its first step, so greedy requests then run no
+    warm-up run (no capture mid-request on a GPU) and keep their tokens; without precapture they do. On the CPU EP, with
+    the caches set as on a GPU (staged, launch-bound, sessions that capture: the warm-ups are counted, nothing is
+    captured)."""
+    import threading
+
+    pack_dir, m = batched_pack
+    rng = np.random.default_rng(5)
+    greedy = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 7 + 3 * i).tolist(), 16, k=1 + i % 3)
+              for i in range(SLOTS)]
+    with open_pack(pack_dir, m, OrtBackend) as host:
+        want = batched_tokens(host, greedy)[0]
+    with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=precapture, batched_greedy=True) as device:
+        engines = device.backend.batched_engines(SLOTS)  # type: ignore[attr-defined]
+        draft = engines.drafter.engine
+        for caches in (engines.target.caches, draft.caches):
+            caches.staged = caches.launch_bound = True
+        engines.target.caches.greedy_session.capture = draft.caches.session.capture = True
+        threads: set[str] = set()
+        for session in (engines.target.caches.greedy_session, draft.caches.session):
+            real = session.run
+            session.run = lambda binding, key, real=real: (threads.add(threading.current_thread().name),  # type: ignore[method-assign]
+                                                           real(binding, key))[1]
+        batcher = device.start_batching(batched=engines.target, batched_draft=engines.drafter, batch_policy=NoCap())
+        assert batcher.prepared.wait(60)
+        before = device.backend.warmup_runs()
+        got = [h.result(timeout=120).tokens for h in [device.submit(r) for r in greedy]]
+        during = device.backend.warmup_runs() - before
+    assert got == want
+    assert threads == {"specpack-batcher"}  # every run of these sessions on the batcher's thread
+    if precapture:
+        assert before > 0 and during == 0, (before, during)  # every shape the requests ran was captured first
+    else:
+        assert before == 0 and during > 0, (before, during)

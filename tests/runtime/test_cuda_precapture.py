@@ -20,6 +20,7 @@ import specpack
 from specpack.runtime.backends import cuda_precapture
 from specpack.runtime.ngram_drafter import NgramConfig
 from specpack.runtime.pack import Pack
+from specpack.runtime.request import GenerateRequest
 from specpack.runtime.state import DecodeState, Proposal
 from tests.runtime.test_cuda_backend import device_pack
 
@@ -281,3 +282,37 @@ def test_warmup_runs_are_counted_per_thread() -> None:
     assert warmups.count == 2 * CAPTURE_RUNS  # another thread captures the same shape again
     session.run(None, ("verify", 2))
     assert warmups.count == 2 * CAPTURE_RUNS and len(session._graph_ids) == 1  # one graph id for the shape
+
+
+def test_a_one_row_batcher_captures_the_chains_again_on_its_thread(tiny_pack: Callable[..., tuple[Path, Path, Path]],
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Verified per slot (max_batch 1: SerialVerifier), a batcher's steps run the per-slot chains on its own thread,
+    where the load's captures (on the loading thread) do not serve: start_batching runs them there first, target and
+    draft. A failure there ends every request with its error."""
+    import threading
+
+    pack_dir = tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]
+    ran: list[tuple[str, str]] = []
+    for name in ("precapture_target", "precapture_draft"):
+        real = getattr(cuda_precapture, name)
+        monkeypatch.setattr(cuda_precapture, name, lambda *a, real=real, name=name: (
+            ran.append((name, threading.current_thread().name)), real(*a))[1])
+    dev = device_pack(pack_dir, precapture=True)
+    try:
+        load = [name for name, thread in ran if thread == threading.current_thread().name]
+        assert load == ["precapture_target", "precapture_draft"]  # the load's, on this thread
+        ran.clear()
+        dev.start_batching(1)
+        want = specpack.load(pack_dir).generate(PROMPT, 16, k=2).tokens
+        assert dev.submit(GenerateRequest.of(PROMPT, 16, k=2)).result(timeout=60).tokens == want
+        assert ran == [("precapture_target", "specpack-batcher"), ("precapture_draft", "specpack-batcher")]
+    finally:
+        dev.close()
+    broken = device_pack(pack_dir, precapture=True)
+    monkeypatch.setattr(cuda_precapture, "precapture_target", lambda *a: 1 / 0)
+    try:
+        broken.start_batching(1)
+        with pytest.raises(ZeroDivisionError):
+            broken.submit(GenerateRequest.of(PROMPT, 16, k=2)).result(timeout=60)
+    finally:
+        broken.close()

@@ -58,6 +58,8 @@ from specpack.runtime.target import EngineBackend, refuse_cpu_only
 if TYPE_CHECKING:
     from specpack.runtime.backends.cpu_batched import BatchedEngines
     from specpack.runtime.backends.cuda_head import DeviceHead
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
+    from specpack.runtime.batched_target import BatchedRuns
 
 PROVIDER = "CUDAExecutionProvider"
 SKIP_CAPTURE = -1  # gpu_graph_id of an uncaptured run
@@ -601,3 +603,19 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         """Runs of captured shapes before their graphs replay, in every session opened so far: a step that ran one is
         no cost sample for adaptive k (adaptive_k.MeasuredCosts; a capture costs several steps once)."""
         return self._warmups.count
+
+    def precapture_thread(self, batched: BatchedRuns | None, drafter: BatchedGreedyDrafter | None) -> int:
+        """On a batcher's thread before its first step (ONNX Runtime captures per thread: CAPTURE_RUNS): the batched
+        engines' decode steps (precapture_batched), or, where the batcher verifies per slot (no batched engines), the
+        chains the load captured on its own thread, again on this one; nothing without precapture. The runs made."""
+        if not self.precapture:
+            return 0
+        from specpack.runtime.backends import cuda_precapture as pre
+
+        m = self.manifest
+        if batched is not None:
+            return pre.precapture_batched(batched, drafter, m.max_len, m.k_max)
+        runs = pre.precapture_target(self._target.engine, m.max_len, m.k_max)
+        if self.draft_loaded:  # else its first use opens it, precaptured on that thread (_open_draft)
+            runs += pre.precapture_draft(self.draft().engine, m.max_len, m.k_max)
+        return runs

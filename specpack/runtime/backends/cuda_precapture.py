@@ -42,6 +42,17 @@ Slots: every slot (CudaBackend.precapture_slots), but slot 0 alone where a pack 
 several rows (BackendOptions.slots > 1): there the batched engines decode every row of a batch (docs/batching.md, "On
 the GPU"), and the per-slot engines serve a lone request (slot 0) and a sampling row's drafts (never captured), so the
 other slots' shapes would only cost load time (at 64 slots, minutes).
+Batched engines (docs/batching.md, "On the GPU"; precapture_batched): ONNX Runtime keeps captured graphs per thread, so
+what the load captured serves the loading thread's requests (Pack.generate) alone; a batcher runs this, or (per-slot
+verifies, max_batch 1) the chains above again, on its own thread before its first step (CudaBackend.precapture_thread):
+
+    target    its verify graph's greedy form over slots [0, B) for every span B (BatchedRuns.span: the powers of two
+              below the engines' slots, and the slots), K in 0 .. k_max drafts at most a row (uniforms [B, K + 1]) over
+              S = max(MIN_WIDTH, K + 1) new tokens a row
+    draft     the batched draft's graph over the same spans, S in MIN_WIDTH .. k_max + 1 (its decode steps and short
+              catch-ups)
+
+At 64 slots and k_max 8: 7 spans x 9 target and 8 draft shapes (238 runs), not measured on a GPU.
 Only the greedy form captures; sampling runs are never captured. The rows written are garbage and dropped: each slot's
 caches are empty afterwards, as at load (the features cache of a head pack holds garbage rows, as after any request:
 the verify writes a row's features before the head reads it).
@@ -54,13 +65,15 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from specpack.runtime.backends.cuda import CAPTURE_RUNS, LONG_CHUNK, DeviceDraft, DeviceTarget
+from specpack.runtime.batched_target import MIN_WIDTH, BatchedRuns
 from specpack.runtime.engine import HeadTreeRun, VerifyRun
-from specpack.runtime.state import DecodeState
+from specpack.runtime.state import DecodeState, Proposal
 from specpack.runtime.stats import DecodeStats
 from specpack.sampling import SamplingParams, Uniforms
 
 if TYPE_CHECKING:
     from specpack.runtime.backends.cuda_head import DeviceHead
+    from specpack.runtime.batched_draft import BatchedGreedyDrafter
     from specpack.runtime.device_buffers import DeviceStaticKVCache
 
 # a tree verify's accepted nodes that move rows (node 1, the root's second child): keep_rows runs kv_compact.onnx
@@ -244,3 +257,34 @@ def _set_half(draft: DeviceDraft | DeviceHead, slot: int, half: int) -> None:
 
     if isinstance(draft, DeviceHead):
         draft.slots[slot].current = half
+
+
+def batched_spans(slots: int) -> list[int]:
+    """B of every slot range [0, B) a batched decode step covers (BatchedRuns.span): the powers of two below `slots`,
+    and `slots`."""
+    return sorted({*(1 << n for n in range(slots.bit_length()) if 1 << n < slots), slots})
+
+
+def precapture_batched(target: BatchedRuns, drafter: BatchedGreedyDrafter | None, max_len: int, k_max: int) -> int:
+    """Runs every decode step shape of the batched engines CAPTURE_RUNS times (module docstring): a greedy verify of
+    K drafts, and the draft's S fed tokens, by one dummy row in the span's last slot (the others pad rows, as in a
+    step); every slot's cached length is 0 again afterwards. Returns the runs."""
+    runs = 0
+    for span in batched_spans(target.slots):
+        slot = span - 1
+        state = _dummy_state(max_len, k_max, slot)
+        state.length = 1  # one committed token, uncached: a verify of k drafts runs k + 1 rows
+        for k in range(k_max + 1):
+            proposal = Proposal(tokens=state.ids[1 : 1 + k], q=None)
+            for _ in range(CAPTURE_RUNS):
+                target.lengths[slot] = 0
+                target.verify_rows([(state, proposal)])
+                runs += 1
+        target.lengths[slot] = 0
+        if drafter is None:
+            continue
+        for seq in range(MIN_WIDTH, k_max + 2):
+            for _ in range(CAPTURE_RUNS):
+                drafter.engine.run({slot: state.ids[:seq]})
+                runs += 1
+    return runs
