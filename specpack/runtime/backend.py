@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from specpack.errors import SpecpackError
 
@@ -53,8 +53,11 @@ class BackendOptions:
                                    # pinned load: contract/verified_read.py); False: sessions read the checked files
     cuda_graphs: bool = True       # the cuda backend captures CUDA graphs for greedy runs; False: it runs them
                                    # uncaptured (bench/gpu.py measures both)
-    precapture: bool = True        # where graphs are captured, every chain shape is captured at load and the draft
-                                   # opens then (backends/cuda_precapture.py); False: each shape on its first use
+    precapture: bool | Literal["batcher"] = True  # where graphs are captured, every shape a greedy step can take is
+                                   # captured before its first use (backends/cuda_precapture.py): at load on the loading
+                                   # thread (the draft opens then), and on a batcher's thread when it starts (graphs are
+                                   # kept per thread); "batcher": on a batcher's thread only (a server); False: each
+                                   # shape on its first use
 
 
 class TargetModel(Protocol):

@@ -47,7 +47,8 @@ def load_pack(config: ServeConfig) -> Pack:
     from specpack.runtime.backend import BackendOptions
 
     pack = specpack.load(config.pack, device=config.device, ngram=config.ngram, manifest_sha256=config.manifest_sha256,
-                         options=BackendOptions(slots=config.max_batch, threads=config.threads))  # a KV cache per row
+                         options=BackendOptions(slots=config.max_batch, threads=config.threads,  # a KV cache per row
+                                                precapture="batcher"))  # every request goes through the batcher
     try:
         if config.k is not None:
             check_k(config.k, pack.manifest.k_max, what="--k")

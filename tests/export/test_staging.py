@@ -273,8 +273,14 @@ def test_sigterm_during_a_real_export(tiny_pairs, tmp_path: Path) -> None:
                              "-o", str(tmp_path / "p")], cwd=ROOT, stderr=subprocess.PIPE)
     parent = psutil.Process(proc.pid)
 
+    def command(child: psutil.Process) -> str:  # "" for a child that ended meanwhile (a zombie: CI, 2026-12-07)
+        try:
+            return " ".join(child.cmdline())
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            return ""
+
     def exporting_worker() -> list[psutil.Process]:  # a spawned worker, once the staging dir exists
-        spawned = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+        spawned = [c for c in parent.children() if "spawn_main" in command(c)]
         return spawned if list(tmp_path.glob(".p.partial-*/work")) else []
 
     workers = _wait_for(exporting_worker, timeout=300)

@@ -316,3 +316,37 @@ def test_a_one_row_batcher_captures_the_chains_again_on_its_thread(tiny_pack: Ca
             broken.submit(GenerateRequest.of(PROMPT, 16, k=2)).result(timeout=60)
     finally:
         broken.close()
+
+
+def test_a_server_load_captures_on_the_batchers_thread_alone(tiny_pack: Callable[..., tuple[Path, Path, Path]],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """BackendOptions(precapture="batcher") (`specpack serve`: every request goes through the batcher): nothing is
+    captured at load, on a thread no request runs on; start_batching captures the target's chains and opens and
+    captures the draft on the batcher's thread; an invalid value is refused."""
+    import threading
+
+    from specpack.contract.manifest import Manifest
+    from specpack.errors import SpecpackError
+    from specpack.runtime.backend import BackendOptions
+    from specpack.runtime.backends.cuda import CudaBackend
+    from specpack.runtime.tokenizer import PackTokenizer
+
+    pack_dir = tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]
+    manifest = Manifest.read(pack_dir)
+    ran: list[tuple[str, str]] = []
+    for name in ("precapture_target", "precapture_draft"):
+        real = getattr(cuda_precapture, name)
+        monkeypatch.setattr(cuda_precapture, name, lambda *a, real=real, name=name: (
+            ran.append((name, threading.current_thread().name)), real(*a))[1])
+    backend = CudaBackend(pack_dir, manifest, BackendOptions(precapture="batcher"), device="cpu", precapture=True)
+    pack = Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
+    try:
+        assert ran == [] and not backend.draft_loaded
+        assert pack.start_batching(1).prepared.wait(60)
+        assert sorted(ran) == [("precapture_draft", "specpack-batcher"), ("precapture_target", "specpack-batcher")]
+        want = specpack.load(pack_dir).generate(PROMPT, 16, k=2).tokens
+        assert pack.submit(GenerateRequest.of(PROMPT, 16, k=2)).result(timeout=60).tokens == want
+    finally:
+        pack.close()
+    with pytest.raises(SpecpackError, match="invalid precapture"):
+        CudaBackend(pack_dir, manifest, BackendOptions(precapture="load"), device="cpu")  # type: ignore[arg-type]

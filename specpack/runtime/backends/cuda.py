@@ -494,10 +494,11 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
                  cuda_graphs: bool = True, chunked_runs: bool | None = None, precapture: bool | None = None,
                  batched_greedy: bool | None = None) -> None:
         """device "cuda" (CUDA EP) or "cpu" (the same code on the CPU EP, for tests; no CUDA graphs).
-        chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where graphs
-        are captured); precapture: every chain shape run at load, the draft opened then (cuda_precapture.py; None:
-        options.precapture where graphs are captured); batched_greedy: greedy batches on the batched verify graph's
-        greedy form (cuda_batched.py; None: where graphs are captured)."""
+        chunked_runs: greedy runs over more than k_max + 1 tokens as captured chunks (LONG_CHUNK, k_max + 1; None: where
+        graphs are captured); precapture: every greedy shape run before its first use, on each thread
+        (cuda_precapture.py; None: options.precapture where graphs are captured; at load too unless it is "batcher");
+        batched_greedy: greedy batches on the batched verify graph's greedy form (cuda_batched.py; None: where graphs
+        are captured)."""
         refuse_cpu_only(manifest, "cuda", static_heads=True, trees=True)
         for label, entry in manifest.models():  # an n-gram pack has no draft model
             if entry.graph.kv_cache != "static" or entry.dtype not in ("fp32", "fp16"):
@@ -521,7 +522,12 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         self._warmups = WarmupRuns()  # every session's warm-up runs (open_session hands it over)
         self.cuda_graphs = cuda_graphs and options.cuda_graphs and device == "cuda"
         self.chunked_runs = self.cuda_graphs if chunked_runs is None else chunked_runs
-        self.precapture = self.cuda_graphs and options.precapture if precapture is None else precapture
+        if options.precapture not in (True, False, "batcher"):
+            raise SpecpackError("invalid precapture", expected='True, False or "batcher"', found=repr(options.precapture))
+        # precapture: shapes captured before their first use, on each thread that runs them (CAPTURE_RUNS); at load on
+        # the loading thread too, but for "batcher" (a server: every request goes through a batcher, precapture_thread)
+        self.precapture = self.cuda_graphs and options.precapture is not False if precapture is None else precapture
+        self.precapture_at_load = self.precapture and options.precapture != "batcher"
         self.batched_greedy = self.cuda_graphs if batched_greedy is None else batched_greedy
         # the slots whose shapes precapture runs: slot 0 alone where batched graphs take a batch's rows (cuda_precapture)
         self.precapture_slots = 1 if manifest.target.batched is not None and options.slots > 1 else options.slots
@@ -530,22 +536,26 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         self.positions = np.arange(width, dtype=np.int64)[None, :]  # [1, width] host, sliced per run
         target = DeviceTarget(self, manifest.target)
         target.session(True)  # the greedy form opens at load
-        if self.precapture:
+        if self.precapture_at_load:
             from specpack.runtime.backends.cuda_precapture import precapture_target
 
             precapture_target(target, manifest.max_len, manifest.k_max)
         drafts = manifest.draft_model is not None or manifest.head is not None
         super().__init__(target, self._open_draft if drafts else None, k_max=manifest.k_max,
                          vocab_size=manifest.vocab_size, pad_single_steps=options.pad_single_steps)
-        if (options.verified_reads or self.precapture) and drafts:  # pinned, or precaptured: the draft's greedy form too
+        self._draft_captured: set[int] = set()  # the threads that ran the draft's precapture (_open_draft, precapture_thread)
+        self._loading = True                     # no draft precapture at load for "batcher"
+        if (options.verified_reads or self.precapture_at_load) and drafts:  # pinned, or precaptured: the draft's too
             self.draft().engine.session(True)
+        self._loading = False
 
     def _open_draft(self) -> DeviceDraft | DeviceHead:
         draft = self._new_draft()
-        if self.precapture:
+        if self.precapture and not (self._loading and not self.precapture_at_load):
             from specpack.runtime.backends.cuda_precapture import precapture_draft
 
             precapture_draft(draft, self.manifest.max_len, self.manifest.k_max)
+            self._draft_captured.add(threading.get_ident())
         return draft
 
     def _new_draft(self) -> DeviceDraft | DeviceHead:
@@ -607,15 +617,19 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
     def precapture_thread(self, batched: BatchedRuns | None, drafter: BatchedGreedyDrafter | None) -> int:
         """On a batcher's thread before its first step (ONNX Runtime captures per thread: CAPTURE_RUNS): the batched
         engines' decode steps (precapture_batched), or, where the batcher verifies per slot (no batched engines), the
-        chains the load captured on its own thread, again on this one; nothing without precapture. The runs made."""
+        chains (the load's, on its own thread, unless precapture is "batcher"), on this one, the draft opened first if
+        it was not; nothing without precapture. The runs made (a draft opened here: its captures not counted)."""
         if not self.precapture:
             return 0
         from specpack.runtime.backends import cuda_precapture as pre
 
         m = self.manifest
-        if batched is not None:
+        if m.draft_model is not None or m.head is not None:
+            self.draft().engine.session(True)  # opened now if not yet, not in a request (_open_draft)
+        if batched is not None:  # the per-slot draft serves sampling rows there, whose runs are never captured
             return pre.precapture_batched(batched, drafter, m.max_len, m.k_max)
         runs = pre.precapture_target(self._target.engine, m.max_len, m.k_max)
-        if self.draft_loaded:  # else its first use opens it, precaptured on that thread (_open_draft)
+        if self.draft_loaded and threading.get_ident() not in self._draft_captured:
             runs += pre.precapture_draft(self.draft().engine, m.max_len, m.k_max)
+            self._draft_captured.add(threading.get_ident())
         return runs
