@@ -358,6 +358,14 @@ class Pack:
         finish_reason, out_text = text.finish(finish_reason, state.out)
         return Generation(tokens=state.out, text=out_text, stats=stats, finish_reason=finish_reason)
 
+    def precapture_thread(self) -> int:
+        """Capture on the calling thread, under the pack's lock, the shapes its requests will run, where the backend
+        captures per thread (the cuda backend: CUDA graphs are kept per thread; docs/cuda_backend.md, "Per thread"):
+        for a thread that will call generate / run, e.g. a server's worker. start_batching does it on its own thread.
+        The runs made (0: nothing to capture)."""
+        with self.exclusive():
+            return self.backend.precapture_thread(None, None)
+
     def start_batching(self, max_batch: int | None = None, *, max_waiting: int = 64,
                        prefill_chunk: int = PREFILL_CHUNK, batched: Any = None, batched_draft: Any = None,
                        batch_policy: Any = None) -> Batcher[Any]:

@@ -6,7 +6,9 @@ decoding job (docs/serving.md).
        └──── job.events (asyncio.Queue): Piece*, then Done | Aborted | Failed <─────       on_text=..., cancel=job.halt)
                                                                      call_soon_threadsafe
 
-With max_batch 1, pack.run decodes each job alone (one at a time); with more, the pack batches (its scheduler,
+With max_batch 1, pack.run decodes each job alone (one at a time) on the one worker thread, where start() first has
+the pack capture the shapes its jobs run (Pack.precapture_thread: CUDA graphs are kept per thread; its error is every
+job's); with more, the pack batches (its scheduler,
 runtime/scheduler.py, started by build_app): each worker's pack.run joins the running batch and waits for its end.
 
 Stopping a decode early: abort(job, reason) (client gone, timeout, shutdown) sets job.halt, which is the runtime's
@@ -24,7 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -107,6 +109,7 @@ class Decoder:
         self._wakeup: asyncio.Event | None = None
         self._current: set[Job] = set()  # decoding
         self._executor = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="specpack-decode")
+        self._precaptured: Future[int] | None = None  # max_batch 1: the worker's captures (start), before any job
         self._task: asyncio.Task[None] | None = None
         self._running: set[asyncio.Future[None]] = set()
         self._mean_s = 1.0  # recent decode time, for Retry-After
@@ -125,6 +128,8 @@ class Decoder:
     # --- the event loop's side ---------------------------------------------------------------------------------
 
     def start(self) -> None:
+        if self.max_batch == 1:  # one worker thread decodes every job: its shapes captured there first (per thread)
+            self._precaptured = self._executor.submit(self.pack.precapture_thread)
         self._wakeup = asyncio.Event()
         self.stopping = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._dispatch())
@@ -271,6 +276,8 @@ class Decoder:
             last = self._progress = now
             job.post(Piece(piece))
 
+        if self._precaptured is not None:
+            self._precaptured.result()  # done: it ran first on this worker; its error is every job's
         gen = self.pack.run(prepared, on_text=on_text, cancel=job.halt)
         metrics.prompt_tokens.inc(len(prepared.ids))
         metrics.generated_tokens.inc(len(gen.tokens))

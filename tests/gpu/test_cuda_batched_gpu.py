@@ -8,7 +8,9 @@ where the CUDA execution provider is missing; run on the test GPU.
              all four rows. A mismatch prints each request's first differing position: fp16 kernels of another shape
              may round a near-tie apart (docs/batching.md, "What remains"). Decode steps run as captured CUDA graphs
              (greedy batches on the verify graph's greedy form, the draft's greedy graph as exported): the test says
-             how many shapes each captured, and fails if a capture was refused (each session's `error`).
+             how many shapes each captured, and fails if a capture was refused (each session's `error`). The batcher
+             captures every decode step shape on its own thread before its first step (CUDA graphs are kept per
+             thread: Backend.precapture_thread), so the requests run no warm-up run.
 """
 
 from __future__ import annotations
@@ -44,15 +46,20 @@ def test_fp16_batched_greedy_requests_get_their_lone_tokens_on_the_gpu(tiny_expo
         batcher = pack.start_batching(batch_policy=NoCap())
         target = batcher.scheduler.verifier
         assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
+        assert batcher.prepared.wait(300) and batcher.broken is None, batcher.broken
+        before = pack.backend.warmup_runs()
         tokens = [h.result(timeout=300).tokens for h in [pack.submit(r) for r in requests]]
+        during = pack.backend.warmup_runs() - before
         draft = batcher.scheduler.row_drafter.engine.caches  # type: ignore[union-attr]
         sessions = {"verify greedy form": target.caches.greedy_session, "draft": draft.session}
         captured = {label: (s.graphs_captured, s.error) for label, s in sessions.items() if s is not None}
     first_difference = [next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
                         for got, want in zip(tokens, lone, strict=True)]
     print(f"batched fp16 on {ort.get_device()}: verify runs {len(target.runs)}, rows per run {sorted(set(target.runs))}, "
-          f"first difference per request {first_difference}; captured (shapes, refusal) {captured}")
+          f"first difference per request {first_difference}; captured (shapes, refusal) {captured}; warm-up runs "
+          f"before the requests {before}, during them {during}")
     assert tokens == lone, first_difference
     assert all(shapes > 0 and error is None for shapes, error in captured.values()), captured
     assert len(captured) == 2
+    assert before > 0 and during == 0, (before, during)
     assert target.runs.count(SLOTS) > len(target.runs) // 3

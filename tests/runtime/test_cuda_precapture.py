@@ -350,3 +350,44 @@ def test_a_server_load_captures_on_the_batchers_thread_alone(tiny_pack: Callable
         pack.close()
     with pytest.raises(SpecpackError, match="invalid precapture"):
         CudaBackend(pack_dir, manifest, BackendOptions(precapture="load"), device="cpu")  # type: ignore[arg-type]
+
+
+def test_a_one_at_a_time_server_captures_on_its_worker_thread(tiny_pack: Callable[..., tuple[Path, Path, Path]],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specpack serve --max-batch 1` decodes every job on its decoder's one worker thread (no batcher): the decoder's
+    start has the pack capture there first (Pack.precapture_thread), the target's chains and the draft's; the pack
+    loaded as the server loads it (precapture "batcher") captured nothing before."""
+    import asyncio
+    import threading
+
+    from specpack.contract.manifest import Manifest
+    from specpack.runtime.backend import BackendOptions
+    from specpack.runtime.backends.cuda import CudaBackend
+    from specpack.runtime.tokenizer import PackTokenizer
+    from specpack.serve.decoder import Decoder
+    from specpack.serve.metrics import ServerMetrics
+
+    pack_dir = tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]
+    manifest = Manifest.read(pack_dir)
+    ran: list[tuple[str, str]] = []
+    for name in ("precapture_target", "precapture_draft"):
+        real = getattr(cuda_precapture, name)
+        monkeypatch.setattr(cuda_precapture, name, lambda *a, real=real, name=name: (
+            ran.append((name, threading.current_thread().name)), real(*a))[1])
+    backend = CudaBackend(pack_dir, manifest, BackendOptions(precapture="batcher"), device="cpu", precapture=True)
+    pack = Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
+
+    async def start_and_stop(decoder: Decoder) -> int:
+        decoder.start()
+        assert decoder._precaptured is not None
+        runs = await asyncio.wrap_future(decoder._precaptured)
+        await decoder.close()
+        return runs
+
+    try:
+        assert ran == []
+        runs = asyncio.run(start_and_stop(Decoder(pack, ServerMetrics(), max_queue=4, timeout_s=60.0, max_batch=1)))
+        assert runs > 0 and sorted(name for name, _ in ran) == ["precapture_draft", "precapture_target"]
+        assert {thread for _, thread in ran} == {"specpack-decode_0"}, ran
+    finally:
+        pack.close()
