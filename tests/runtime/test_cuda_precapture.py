@@ -284,6 +284,30 @@ def test_warmup_runs_are_counted_per_thread() -> None:
     assert warmups.count == 2 * CAPTURE_RUNS and len(session._graph_ids) == 1  # one graph id for the shape
 
 
+def _spy_precaptures(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """(function, thread name) of every precapture_target / precapture_draft call from now on."""
+    import threading
+
+    ran: list[tuple[str, str]] = []
+    for name in ("precapture_target", "precapture_draft"):
+        real = getattr(cuda_precapture, name)
+        monkeypatch.setattr(cuda_precapture, name, lambda *a, real=real, name=name: (
+            ran.append((name, threading.current_thread().name)), real(*a))[1])
+    return ran
+
+
+def _server_pack(pack_dir: Path) -> Pack:
+    """The cuda backend's code on the CPU EP, loaded as `specpack serve` loads (precapture "batcher")."""
+    from specpack.contract.manifest import Manifest
+    from specpack.runtime.backend import BackendOptions
+    from specpack.runtime.backends.cuda import CudaBackend
+    from specpack.runtime.tokenizer import PackTokenizer
+
+    manifest = Manifest.read(pack_dir)
+    backend = CudaBackend(pack_dir, manifest, BackendOptions(precapture="batcher"), device="cpu", precapture=True)
+    return Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
+
+
 def test_a_one_row_batcher_captures_the_chains_again_on_its_thread(tiny_pack: Callable[..., tuple[Path, Path, Path]],
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Verified per slot (max_batch 1: SerialVerifier), a batcher's steps run the per-slot chains on its own thread,
@@ -292,11 +316,7 @@ def test_a_one_row_batcher_captures_the_chains_again_on_its_thread(tiny_pack: Ca
     import threading
 
     pack_dir = tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]
-    ran: list[tuple[str, str]] = []
-    for name in ("precapture_target", "precapture_draft"):
-        real = getattr(cuda_precapture, name)
-        monkeypatch.setattr(cuda_precapture, name, lambda *a, real=real, name=name: (
-            ran.append((name, threading.current_thread().name)), real(*a))[1])
+    ran = _spy_precaptures(monkeypatch)
     dev = device_pack(pack_dir, precapture=True)
     try:
         load = [name for name, thread in ran if thread == threading.current_thread().name]
@@ -323,25 +343,17 @@ def test_a_server_load_captures_on_the_batchers_thread_alone(tiny_pack: Callable
     """BackendOptions(precapture="batcher") (`specpack serve`: every request goes through the batcher): nothing is
     captured at load, on a thread no request runs on; start_batching captures the target's chains and opens and
     captures the draft on the batcher's thread; an invalid value is refused."""
-    import threading
-
     from specpack.contract.manifest import Manifest
     from specpack.errors import SpecpackError
     from specpack.runtime.backend import BackendOptions
     from specpack.runtime.backends.cuda import CudaBackend
-    from specpack.runtime.tokenizer import PackTokenizer
 
     pack_dir = tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]
     manifest = Manifest.read(pack_dir)
-    ran: list[tuple[str, str]] = []
-    for name in ("precapture_target", "precapture_draft"):
-        real = getattr(cuda_precapture, name)
-        monkeypatch.setattr(cuda_precapture, name, lambda *a, real=real, name=name: (
-            ran.append((name, threading.current_thread().name)), real(*a))[1])
-    backend = CudaBackend(pack_dir, manifest, BackendOptions(precapture="batcher"), device="cpu", precapture=True)
-    pack = Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
+    ran = _spy_precaptures(monkeypatch)
+    pack = _server_pack(pack_dir)
     try:
-        assert ran == [] and not backend.draft_loaded
+        assert ran == [] and not pack.backend.draft_loaded
         assert pack.start_batching(1).prepared.wait(60)
         assert sorted(ran) == [("precapture_draft", "specpack-batcher"), ("precapture_target", "specpack-batcher")]
         want = specpack.load(pack_dir).generate(PROMPT, 16, k=2).tokens
@@ -358,24 +370,13 @@ def test_a_one_at_a_time_server_captures_on_its_worker_thread(tiny_pack: Callabl
     start has the pack capture there first (Pack.precapture_thread), the target's chains and the draft's; the pack
     loaded as the server loads it (precapture "batcher") captured nothing before."""
     import asyncio
-    import threading
 
-    from specpack.contract.manifest import Manifest
-    from specpack.runtime.backend import BackendOptions
-    from specpack.runtime.backends.cuda import CudaBackend
-    from specpack.runtime.tokenizer import PackTokenizer
     from specpack.serve.decoder import Decoder
     from specpack.serve.metrics import ServerMetrics
 
     pack_dir = tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)[0]
-    manifest = Manifest.read(pack_dir)
-    ran: list[tuple[str, str]] = []
-    for name in ("precapture_target", "precapture_draft"):
-        real = getattr(cuda_precapture, name)
-        monkeypatch.setattr(cuda_precapture, name, lambda *a, real=real, name=name: (
-            ran.append((name, threading.current_thread().name)), real(*a))[1])
-    backend = CudaBackend(pack_dir, manifest, BackendOptions(precapture="batcher"), device="cpu", precapture=True)
-    pack = Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
+    ran = _spy_precaptures(monkeypatch)
+    pack = _server_pack(pack_dir)
 
     async def start_and_stop(decoder: Decoder) -> int:
         decoder.start()
