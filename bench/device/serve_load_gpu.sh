@@ -5,7 +5,8 @@
 # SERVE_KS (default "auto"; "auto 0" adds speculation's share over HTTP), on gpu_batched.py's pack. Needs the server's
 # and the client's wheels in /tmp/site (staged with STAGE_SERVE=1 bash bench/device/stage_head_run.sh). Per run:
 # max(SERVE_MIN_REQUESTS, 3 N) requests of 128 tokens (every third streams; N / 4 of the streams cancelled; every
-# fifth seeded sampling, serve_load.py's plan), stopped at SERVE_TIME_LIMIT s, the GPU's memory sampled every second
+# fifth seeded sampling, serve_load.py's plan; SERVE_SAMPLED_EVERY=0: every request greedy, SERVE_SAMPLED_EVERY=N:
+# every Nth samples), stopped at SERVE_TIME_LIMIT s, the GPU's memory sampled every second
 # by nvidia-smi. All runs merged into /tmp/gw/serve_load.json (one file back); this script's output: the caller's log.
 set -uo pipefail
 files=/tmp/stage/files
@@ -18,7 +19,7 @@ starlette.__version__, "uvicorn", uvicorn.__version__)' || { echo "the serve whe
 [ -f "$pack/manifest.json" ] || { echo "no pack at $pack (run bench/gpu_batched.py first)"; exit 2; }
 for n in ${SERVE_CLIENTS:-1 4 16 64}; do
   for k in ${SERVE_KS:-auto}; do
-    name="c${n}-k${k}"
+    name="c${n}-k${k}${SERVE_SAMPLED_EVERY:+-s$SERVE_SAMPLED_EVERY}"
     requests=$(( 3 * n > ${SERVE_MIN_REQUESTS:-24} ? 3 * n : ${SERVE_MIN_REQUESTS:-24} ))
     nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 1000 > "$out/$name.mem" 2>/dev/null &
     smi=$!
@@ -26,7 +27,8 @@ for n in ${SERVE_CLIENTS:-1 4 16 64}; do
     python3 bench/serve_load.py "$pack" --device cuda --max-batch "$n" --clients "$n" --k "$k" \
       --prompts "$prompts/HumanEval.jsonl.gz" 64 --prompts "$prompts/mt_bench_question.jsonl" 10 \
       --requests "$requests" --cancel $(( n / 4 )) --max-tokens 128 --cancel-max-tokens 128 \
-      --time-limit "${SERVE_TIME_LIMIT:-150}" --json "$out/$name.json" | tail -n 40
+      --time-limit "${SERVE_TIME_LIMIT:-150}" --sampled-every "${SERVE_SAMPLED_EVERY:-5}" --json "$out/$name.json" \
+      | tail -n 40
     echo "[serve_load_gpu $(date +%T)] $name: exit $?"
     kill "$smi" 2>/dev/null
     tail -n 5 "${TMPDIR:-/tmp}/specpack-serve-load.log"
