@@ -53,7 +53,7 @@ class ChunkedTarget(TargetModel, Protocol):
         ...
 
 
-@dataclass
+@dataclass(eq=False)  # a row is itself: `row in rows` by identity (a field-by-field compare cost O(B^2) deep ones a step)
 class Row(Generic[J]):
     """One admitted request: its job, cache slot and decode; `finish(reason)` ends it (the caller's result)."""
 
