@@ -78,11 +78,20 @@ class BatchedRuns:
         raise NotImplementedError
 
     def prefill_chunk(self, state: DecodeState, end: int) -> None:
-        cached = self.lengths[state.slot]
-        if not cached < end < state.length:
-            raise ValueError(f"a prefill chunk ends at {end}: expected {cached} < end < {state.length}")
-        self.run({state.slot: state.ids[cached:end]})
-        self.lengths[state.slot] = end
+        self.prefill_chunks([(state, end)])
+
+    def prefill_chunks(self, chunks: list[tuple[DecodeState, int]]) -> None:
+        """Each row's prompt tokens from its cached length to `end` into its cache, every row in one run (the
+        scheduler's RowPrefill, where a run costs its launch)."""
+        tokens = {}
+        for state, end in chunks:
+            cached = self.lengths[state.slot]
+            if not cached < end < state.length:
+                raise ValueError(f"a prefill chunk ends at {end}: expected {cached} < end < {state.length}")
+            tokens[state.slot] = state.ids[cached:end]
+        self.run(tokens)
+        for state, end in chunks:
+            self.lengths[state.slot] = end
 
     def close(self) -> None:
         self.caches.close()

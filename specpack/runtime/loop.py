@@ -80,11 +80,19 @@ class Decoding:
 
     def prefill(self) -> None:
         """1. Prefill: the target over the prompt (the part not cached yet: a chunked prefill may have run the rest),
-        with no drafts, gives the first token; the drafter starts."""
-        state = self.state
+        with no drafts, gives the first token; the drafter starts. In two halves for a scheduler that verifies several
+        rows' prefills in one run: `prefill_start`, the verify of NO_DRAFTS, `prefill_end`."""
+        self.prefill_start()
+        self.prefill_end(self.target.verify(self.state, NO_DRAFTS))
+
+    def prefill_start(self) -> None:
+        """The prefill's uniforms (its verify of no drafts follows)."""
         self.begin()
-        state.uniforms.draw(0)
-        result = self.target.verify(state, NO_DRAFTS)
+        self.state.uniforms.draw(0)
+
+    def prefill_end(self, result: VerifyResult) -> None:
+        """The prefill's verify gave the first token: it is emitted, the drafter starts."""
+        state = self.state
         self._emit(state.commit(result.n_accepted, result.next_token))
         if self.policy.k_max > 0 and not state.finished:
             self.drafter.begin(state)  # cheap: a draft model's prefill is its first proposal's catch-up

@@ -96,7 +96,7 @@ class PackRows:
 
 def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int,
                    batched: BatchedRuns | None = None, batched_draft: BatchedGreedyDrafter | None = None,
-                   batch_policy: BatchPolicy | None = None) -> Batcher[PackJob]:
+                   batch_policy: BatchPolicy | None = None, prefill_budget: int | None = None) -> Batcher[PackJob]:
     """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier), or over a batched
     target (one run per step: runtime/batched_verify.py) and optionally a batched draft (batched_draft.py), on its
     own thread. Without `batched`, a pack exported with --max-batch gets its own (the backend's batched_engines: cpu, cuda)
@@ -105,7 +105,7 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
         raise SpecpackError("max_batch exceeds the backend's cache slots", expected=f"max_batch <= {pack.slots}",
                             found=f"max_batch {max_batch}",
                             hint="load the pack with options=BackendOptions(slots=N), one KV cache per row")
-    config = SchedulerConfig(max_batch=max_batch, prefill_chunk=prefill_chunk)
+    config = SchedulerConfig(max_batch=max_batch, prefill_chunk=prefill_chunk, prefill_budget=prefill_budget)
     closers = []
     if batched is None and max_batch > 1 and hasattr(pack.backend, "batched_engines"):  # the pack's own (--max-batch)
         engines = pack.backend.batched_engines(max_batch)
@@ -117,7 +117,8 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
         scheduler = Scheduler(config, batched, rows.open, rows.finish, batched,
                               batch_policy=batch_policy or BatchKCap(pack.manifest.k_max, max_batch,
                                                                      warmups=pack.backend.warmup_runs),
-                              row_drafter=batched_draft)
+                              row_drafter=batched_draft,
+                              row_prefill=batched if batched.caches.launch_bound else None)
     else:
         target = pack.backend.target()
         if not hasattr(target, "prefill_chunk"):

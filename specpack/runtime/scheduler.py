@@ -5,8 +5,10 @@ One `Scheduler.step()` is one iteration over every admitted request (a row), in 
     1. leave    rows whose caller cancelled (or whose stop string was hit) finish "cancelled"; their slots free up
     2. join     waiting jobs take free cache slots, first come first served (at most max_batch rows)
     3. prefill  rows still prefilling run whole chunks of `prefill_chunk` prompt tokens, in arrival order, within a
-                budget of `prefill_chunk` tokens per iteration (at least one chunk); a row whose rest of the prompt
-                fits runs the prefill proper (its first token)
+                budget of prompt tokens per iteration (at least one chunk; `prefill_budget`); a row whose rest of the
+                prompt fits runs the prefill proper (its first token). Each in a run of its own within `prefill_chunk`
+                tokens, or, with a `row_prefill` (a batched engine where a run costs its launch: a GPU), the
+                iteration's chunks in one run and its prefills proper in another, within PREFILL_TOGETHER tokens
     4. decode   every decoding row: k (its own policy, under the batch's cap: batch_k.py) and its drafts; one verify
                 call over all rows (RowVerifier: in turn on the per-slot engines today, one batched run later); commit
 
@@ -28,9 +30,11 @@ from specpack.errors import SpecpackError
 from specpack.runtime.backend import TargetModel
 from specpack.runtime.batch_k import BatchPolicy, NoCap
 from specpack.runtime.loop import Decoding
-from specpack.runtime.state import DecodeState, Proposal, VerifyResult
+from specpack.runtime.state import NO_DRAFTS, DecodeState, Proposal, VerifyResult
 
 PREFILL_CHUNK = 256   # prompt tokens per prefill run of a joining request (and per iteration, over all of them)
+PREFILL_TOGETHER = 8192  # prompt tokens per iteration where its prefills run together (row_prefill): a run costs its
+                         # launch there; as the draft's catch-up runs (batched_draft.CATCH_UP_RUN_TOKENS)
 
 J = TypeVar("J")      # the caller's job (what it submitted and wants back)
 
@@ -38,11 +42,15 @@ J = TypeVar("J")      # the caller's job (what it submitted and wants back)
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_batch: int                       # rows decoding at once: at most the backend's cache slots
-    prefill_chunk: int = PREFILL_CHUNK   # prompt tokens per prefill run, and the prefill budget per iteration
+    prefill_chunk: int = PREFILL_CHUNK   # prompt tokens per prefill run of a row
+    prefill_budget: int | None = None    # prompt tokens prefilled per iteration, over all rows (at least one chunk);
+                                         # None: prefill_chunk, or PREFILL_TOGETHER where they run together
 
     def __post_init__(self) -> None:
-        for name, low in (("max_batch", 1), ("prefill_chunk", 2)):
+        for name, low in (("max_batch", 1), ("prefill_chunk", 2), ("prefill_budget", 1)):
             value = getattr(self, name)
+            if name == "prefill_budget" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise SpecpackError(f"invalid {name}", expected=f"an integer >= {low}", found=repr(value))
 
@@ -110,6 +118,12 @@ class SerialVerifier:
         return out
 
 
+class RowPrefill(RowVerifier, Protocol):
+    def prefill_chunks(self, chunks: list[tuple[DecodeState, int]]) -> None:
+        """Each (state, end): the row's prompt tokens from its cached length to `end` cached, all in one run."""
+        ...
+
+
 Opener = Callable[[J, int], Row[J]]          # (job, slot) -> its row: state, policy, drafter, text out
 Finisher = Callable[[Row[J], str | BaseException], None]  # a row ended: its finish reason, or what it raised
 
@@ -125,6 +139,7 @@ class Scheduler(Generic[J]):
     verifier: RowVerifier
     batch_policy: BatchPolicy = field(default_factory=NoCap)  # the cap on each row's k at a batch size (batch_k.py)
     row_drafter: RowDrafter | None = None  # drafts together for the rows whose drafter it is (batched_draft.py)
+    row_prefill: RowPrefill | None = None  # an iteration's prefill chunks, and its prefills proper, each in one run
     clock: Callable[[], float] = time.perf_counter
     waiting: deque[J] = field(default_factory=deque)
     rows: list[Row[J]] = field(default_factory=list)    # admitted, in arrival order
@@ -182,23 +197,70 @@ class Scheduler(Generic[J]):
 
     # 3. prefill
     def _prefill(self) -> None:
-        chunk = self.config.prefill_chunk
-        budget = chunk
+        chunk, budget = self.config.prefill_chunk, self.config.prefill_budget
+        if budget is None:
+            budget = chunk if self.row_prefill is None else PREFILL_TOGETHER
+        chunks: list[Row[J]] = []  # rows running a chunk this iteration
+        finals: list[Row[J]] = []  # rows whose rest of the prompt fits: the prefill proper (the first token)
         for row in [r for r in self.rows if not r.prefilled]:
             if budget <= 0:
-                return
+                break
             rest = row.state.length - row.cached
+            (finals if rest <= chunk else chunks).append(row)
+            budget -= min(rest, chunk)
+        if self.row_prefill is not None:
+            self._prefill_together(chunks, finals)
+            return
+        for row in [r for r in self.rows if r in chunks or r in finals]:  # arrival order
             try:
-                if rest <= chunk:  # the prefill proper: the first token, the drafter's start
+                if row in finals:
                     row.decoding.prefill()
-                    row.prefilled, row.cached = True, row.state.length
-                    self._end_if_finished(row)
+                    self._prefilled(row)
                 else:
                     self.target.prefill_chunk(row.state, row.cached + chunk)
                     row.cached += chunk
             except Exception as err:
                 self._end(row, err)
-            budget -= min(rest, chunk)
+
+    def _prefill_together(self, chunks: list[Row[J]], finals: list[Row[J]]) -> None:
+        """The chunks in one run, then the prefills proper in one verify run (row_prefill); a run that fails ends its
+        rows."""
+        assert self.row_prefill is not None
+        chunk = self.config.prefill_chunk
+        if chunks:
+            try:
+                self.row_prefill.prefill_chunks([(row.state, row.cached + chunk) for row in chunks])
+            except Exception as err:
+                for row in chunks:
+                    self._end(row, err)
+            else:
+                for row in chunks:
+                    row.cached += chunk
+        started = []
+        for row in finals:
+            try:
+                row.decoding.prefill_start()
+                started.append(row)
+            except Exception as err:
+                self._end(row, err)
+        if not started:
+            return
+        try:
+            results = self.row_prefill.verify_rows([(row.state, NO_DRAFTS) for row in started])
+        except Exception as err:
+            for row in started:
+                self._end(row, err)
+            return
+        for row, (result, _) in zip(started, results, strict=True):
+            try:
+                row.decoding.prefill_end(result)
+                self._prefilled(row)
+            except Exception as err:
+                self._end(row, err)
+
+    def _prefilled(self, row: Row[J]) -> None:
+        row.prefilled, row.cached = True, row.state.length
+        self._end_if_finished(row)
 
     # 4. decode
     def _decode(self) -> None:

@@ -302,3 +302,40 @@ def test_a_batcher_captures_its_decode_shapes_on_its_own_thread(batched_pack: tu
         assert before > 0 and during == 0, (before, during)  # every shape the requests ran was captured first
     else:
         assert before == 0 and during > 0, (before, during)
+
+
+def test_joining_rows_prefill_together_where_a_run_costs_its_launch(batched_pack: tuple[Path, Manifest]) -> None:
+    """Where a run costs its launch (a GPU: DeviceCaches.launch_bound), the scheduler runs an iteration's prefill
+    chunks in one run and its prefills proper in one verify run (Scheduler.row_prefill), within PREFILL_TOGETHER
+    tokens an iteration, instead of one run per row within one chunk; every request keeps the tokens the
+    one-run-per-row scheduler gives it (the cpu backend's engines). Chunks of 8 tokens here, so that prompts of 9 to
+    18 tokens take one or two chunks and a prefill proper."""
+    pack_dir, m = batched_pack
+    rng = np.random.default_rng(9)
+    reqs = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 9 + 3 * i).tolist(), 12, k=1 + i % 3)
+            for i in range(SLOTS)]
+    with open_pack(pack_dir, m, OrtBackend) as host:
+        host.start_batching(batch_policy=NoCap(), prefill_chunk=8)
+        want = [h.result(timeout=120).tokens for h in [host.submit(r) for r in reqs]]
+    with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False, batched_greedy=True) as device:
+        engines = device.backend.batched_engines(SLOTS)  # type: ignore[attr-defined]
+        engines.target.caches.launch_bound = engines.drafter.engine.caches.launch_bound = True
+        chunk_runs: list[int] = []     # rows of each prefill_chunks run
+        prefill_runs: list[int] = []   # rows of each verify run of prefills proper
+        real_chunks, real_verify = engines.target.prefill_chunks, engines.target.verify_rows
+        engines.target.prefill_chunks = lambda chunks: (chunk_runs.append(len(chunks)), real_chunks(chunks))[1]  # type: ignore[method-assign]
+
+        def verify_rows(rows):  # type: ignore[no-untyped-def]
+            if all(s.length == s.prompt_length for s, _ in rows):  # no token out yet: prefills proper
+                prefill_runs.append(len(rows))
+            return real_verify(rows)
+
+        engines.target.verify_rows = verify_rows  # type: ignore[method-assign]
+        batcher = device.start_batching(batched=engines.target, batched_draft=engines.drafter, batch_policy=NoCap(),
+                                        prefill_chunk=8)
+        assert batcher.scheduler.row_prefill is engines.target
+        got = [h.result(timeout=120).tokens for h in [device.submit(r) for r in reqs]]
+    assert got == want
+    # prompts of 9, 12, 15, 18 tokens: their first chunks in one run, then the rests of 1, 4, 7 tokens (prefills
+    # proper) in one run beside the last prompt's second chunk, then its rest of 2
+    assert (chunk_runs, prefill_runs) == ([4, 1], [3, 1])

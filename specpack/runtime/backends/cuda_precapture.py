@@ -48,11 +48,12 @@ verifies, max_batch 1) the chains above again, on its own thread before its firs
 
     target    its verify graph's greedy form over slots [0, B) for every span B (BatchedRuns.span: the powers of two
               below the engines' slots, and the slots), K in 0 .. k_max drafts at most a row (uniforms [B, K + 1]) over
-              S = max(MIN_WIDTH, K + 1) new tokens a row
+              S = max(MIN_WIDTH, K + 1) new tokens a row, and K = 0 over S in MIN_WIDTH + 1 .. k_max + 1 (prefills
+              proper of a prompt's last few tokens)
     draft     the batched draft's graph over the same spans, S in MIN_WIDTH .. k_max + 1 (its decode steps and short
               catch-ups)
 
-At 64 slots and k_max 8: 7 spans x 9 target and 8 draft shapes (238 runs), not measured on a GPU.
+At 64 slots and k_max 8: 7 spans x (16 target + 8 draft) shapes (336 runs), not measured on a GPU.
 Only the greedy form captures; sampling runs are never captured. The rows written are garbage and dropped: each slot's
 caches are empty afterwards, as at load (the features cache of a head pack holds garbage rows, as after any request:
 the verify writes a row's features before the head reads it).
@@ -273,9 +274,11 @@ def precapture_batched(target: BatchedRuns, drafter: BatchedGreedyDrafter | None
     for span in batched_spans(target.slots):
         slot = span - 1
         state = _dummy_state(max_len, k_max, slot)
-        state.length = 1  # one committed token, uncached: a verify of k drafts runs k + 1 rows
-        for k in range(k_max + 1):
-            proposal = Proposal(tokens=state.ids[1 : 1 + k], q=None)
+        # (uncached committed tokens, drafts): a verify of k drafts after one token runs k + 1 rows; a prefill of n
+        verifies = [(1, k) for k in range(k_max + 1)] + [(n, 0) for n in range(MIN_WIDTH + 1, k_max + 2)]
+        for length, k in verifies:
+            state.length = length
+            proposal = Proposal(tokens=state.ids[length : length + k], q=None)
             for _ in range(CAPTURE_RUNS):
                 target.lengths[slot] = 0
                 target.verify_rows([(state, proposal)])
