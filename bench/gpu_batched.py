@@ -25,8 +25,9 @@ for all:
              load per N, both k run on it after a warm-up of N short requests at each k (up to WARMUP_ROUNDS rounds,
              again while a round still captured batched shapes; those left count in `warmup_runs_timed`). N = 1:
              the scheduler over the per-slot graphs (start_batching uses the batched engines only above one row).
-             Loaded as `serve` loads (the per-slot shapes pre-captured on slot 0 alone above one row; --no-precapture:
-             none), run_clients
+             Loaded as `serve` loads (precapture "batcher": the shapes captured on the batcher's thread when it
+             starts, waited for before the clients; --no-precapture: none; --prefill-budget: the scheduler's prefill
+             tokens an iteration), run_clients
   c1-bB-auto one client, k auto, on a batcher of --solo-max-batch rows (16): a batching server's lone request (its
              row runs through the batched graphs at batch 1), against `alone` (the issue's "at 1 client")
 Per configuration: aggregate throughput (new tokens over the wall time from the first submit to the last result),
@@ -180,16 +181,16 @@ class MemorySampler:
                 "rss_peak_bytes": self.peak_rss or None}
 
 
-def open_pack(pack_dir: Path, device: str, slots: int, precapture: bool = True) -> Any:
+def open_pack(pack_dir: Path, device: str, slots: int, precapture: bool | str = True) -> Any:
     """The pack on the cuda backend (specpack.load), or with device "cpu": a pack the cpu backend runs (fp32, int8,
     int4) on it, an fp16 pack (which the cpu backend refuses) on the cuda backend's code over the CPU EP (the dry run;
-    as tests/runtime/test_cuda_batched.py opens it). precapture: every per-slot chain shape run at load
-    (backends/cuda_precapture.py: every slot, or slot 0 alone for a pack with batched graphs above one slot)."""
+    as tests/runtime/test_cuda_batched.py opens it). precapture: BackendOptions.precapture (True: at load and on a
+    batcher's thread; "batcher": on a batcher's thread alone, as `serve` loads; backends/cuda_precapture.py)."""
     import specpack
     from specpack.contract.manifest import Manifest
     from specpack.runtime.backend import BackendOptions
 
-    options = BackendOptions(slots=slots, precapture=precapture)
+    options = BackendOptions(slots=slots, precapture=precapture)  # type: ignore[arg-type]
     if device == "cuda":
         return specpack.load(pack_dir, device="cuda", options=options)
     if Manifest.read(pack_dir).target.dtype != "fp16":
@@ -365,15 +366,16 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
 
     max_batch = max_batch or args.max_batch or clients
     suffix = "" if max_batch == clients else f"-b{max_batch}"
-    # as `serve` loads: every per-slot chain shape pre-captured, on slot 0 alone where the batched engines take the rows
-    # (max_batch > 1: backends/cuda_precapture.py); --no-precapture: none (load_s says what it costs)
-    precapture = not args.no_precapture
+    # as `serve` loads: the shapes captured on the batcher's thread when it starts, nothing at load (precapture
+    # "batcher": backends/cuda_precapture.py); --no-precapture: none (load_s, which waits for them, says what it costs)
+    precapture = False if args.no_precapture else "batcher"
     n = max(args.min_requests, args.requests_per_client * clients)
     results = []
     memory = MemorySampler(args.device == "cuda")
     t0 = time.perf_counter()
     with open_pack(pack_dir, args.device, max_batch, precapture) as pack:
-        batcher = pack.start_batching(max_batch=max_batch)
+        batcher = pack.start_batching(max_batch=max_batch, prefill_budget=args.prefill_budget)
+        batcher.prepared.wait()
         rows: list[int] = []
         batcher.on_step = rows.append  # rows decoding at each iteration
         load_s = time.perf_counter() - t0
@@ -571,6 +573,8 @@ def main() -> None:
     parser.add_argument("--no-precapture", action="store_true",
                         help="no per-slot shape pre-captured at load (serve pre-captures them, on slot 0 alone for a "
                              "batched pack above one row)")
+    parser.add_argument("--prefill-budget", type=int, default=None,
+                        help="prompt tokens prefilled per iteration (Pack.start_batching; default: the scheduler's)")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--min-requests", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=128)
