@@ -328,7 +328,7 @@ def test_a_one_row_batcher_captures_the_chains_again_on_its_thread(tiny_pack: Ca
         assert ran == [("precapture_target", "specpack-batcher"), ("precapture_draft", "specpack-batcher")]
     finally:
         dev.close()
-    broken = device_pack(pack_dir, precapture=True)
+    broken = _server_pack(pack_dir)  # nothing captured at load: the batcher's captures alone fail
     monkeypatch.setattr(cuda_precapture, "precapture_target", lambda *a: 1 / 0)
     try:
         broken.start_batching(1)
