@@ -200,20 +200,19 @@ class Scheduler(Generic[J]):
         chunk, budget = self.config.prefill_chunk, self.config.prefill_budget
         if budget is None:
             budget = chunk if self.row_prefill is None else PREFILL_TOGETHER
-        chunks: list[Row[J]] = []  # rows running a chunk this iteration
-        finals: list[Row[J]] = []  # rows whose rest of the prompt fits: the prefill proper (the first token)
-        for row in [r for r in self.rows if not r.prefilled]:
+        picked: list[tuple[Row[J], bool]] = []  # in arrival order: (row, whether the rest of its prompt fits: the
+        for row in [r for r in self.rows if not r.prefilled]:  # prefill proper, its first token; else a chunk)
             if budget <= 0:
                 break
             rest = row.state.length - row.cached
-            (finals if rest <= chunk else chunks).append(row)
+            picked.append((row, rest <= chunk))
             budget -= min(rest, chunk)
         if self.row_prefill is not None:
-            self._prefill_together(chunks, finals)
+            self._prefill_together([r for r, final in picked if not final], [r for r, final in picked if final])
             return
-        for row in [r for r in self.rows if r in chunks or r in finals]:  # arrival order
+        for row, final in picked:
             try:
-                if row in finals:
+                if final:
                     row.decoding.prefill()
                     self._prefilled(row)
                 else:

@@ -158,12 +158,24 @@ def exact(tiny_pack, alone: Pack) -> PartitionFor:  # type: ignore[no-untyped-de
     return partitions(TargetLogits(tiny_pack(FAMILY, DRAFT)[2], alone.encode(PROMPT)), alone.eos_ids)
 
 
-def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int) -> list[list[tuple[int, ...]]]:
+def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together: bool = False,
+                 swapped: bool = False) -> list[list[tuple[int, ...]]]:
     """n generations per stream (STREAMS), submitted round-robin to one scheduler over BatchedTarget: rows of different
     settings and k verify together. Each generation has its own seed, asks k + 2 tokens, and leaves as soon as its
-    tokens fix its bin (a halted row: the scheduler's leave phase)."""
+    tokens fix its bin (a halted row: the scheduler's leave phase). together: the joining rows' prefills in one run
+    (Scheduler.row_prefill, as on a GPU), so their first tokens are drawn in one run; swapped (a planted defect):
+    that run's results handed to its rows in reverse order."""
     m, prompt = pack.manifest, pack.encode(PROMPT)
     target = engine(graph, pack)
+    if swapped:
+        verify_rows = target.verify_rows
+
+        def reversed_prefills(rows):  # type: ignore[no-untyped-def]
+            results = verify_rows(rows)
+            first = all(state.length == state.prompt_length for state, _ in rows)  # prefills proper
+            return results[::-1] if first else results
+
+        target.verify_rows = reversed_prefills  # type: ignore[method-assign]
     out: list[list[tuple[int, ...]]] = [[] for _ in STREAMS]
     with pack.exclusive():
         drafter = pack.drafters["model"]
@@ -189,7 +201,7 @@ def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int) -> list[l
             out[row.job[0]].append(tuple(row.state.out))
 
         scheduler = Scheduler(SchedulerConfig(max_batch=SLOTS), target, open_row, finish_row, target,
-                              batch_policy=NoCap())
+                              batch_policy=NoCap(), row_prefill=target if together else None)
         for i in range(n):
             for s in range(len(STREAMS)):
                 scheduler.add((s, i))
@@ -208,11 +220,12 @@ def pvalues(samples: list[list[tuple[int, ...]]], exact: PartitionFor, n: int) -
     return ps
 
 
+@pytest.mark.parametrize("together", [False, True])
 @pytest.mark.parametrize("n", SIZES)
 def test_each_request_has_the_targets_distribution_under_batching(slots_pack: Pack, graph: Path,
-                                                                  exact: PartitionFor, n: int) -> None:
-    ps = pvalues(draw_streams(slots_pack, graph, exact, n), exact, n)
-    print(f"batched streams {STREAMS} n={n}: p = {ps}, detectable w = "
+                                                                  exact: PartitionFor, n: int, together: bool) -> None:
+    ps = pvalues(draw_streams(slots_pack, graph, exact, n, together), exact, n)
+    print(f"batched streams {STREAMS} n={n} prefills together {together}: p = {ps}, detectable w = "
           f"{[round(detectable_effect(n, len(exact(p, k + 2, n).probs)), 3) for p, k in STREAMS]}")
     assert min(ps) > P_FAIL
 
@@ -224,6 +237,15 @@ def test_a_head_that_ignores_draft_counts_fails_it(batched_plain: Path, slots_pa
     ps = pvalues(draw_streams(slots_pack, broken, exact, SAMPLES), exact, SAMPLES)
     print(f"draft_counts ignored: p = {ps}")
     assert ps[0] < P_FAIL  # the k = 1 stream, batched with k = 2 and 3 rows
+
+
+def test_prefills_together_with_their_first_tokens_swapped_fail_it(graph: Path, slots_pack: Pack,
+                                                                    exact: PartitionFor) -> None:
+    """The together path's planted defect: the joining rows' first tokens handed out in reverse order (rows of
+    temperature 1 and 0.5, top-k 5, drawn in one run, get each other's)."""
+    ps = pvalues(draw_streams(slots_pack, graph, exact, SAMPLES, together=True, swapped=True), exact, SAMPLES)
+    print(f"first tokens swapped: p = {ps}")
+    assert min(ps) < P_FAIL
 
 
 
