@@ -8,23 +8,30 @@
     tiny_export(family, draft="small" | None, pair options, **ExportConfig)     -> pack_dir of any export configuration
     tiny_head(family="qwen2", steps=120)                                        -> (head_dir, target_dir): distilled
     tiny_head_pack(family="qwen2")                                              -> (pack_dir, head_dir, target_dir)
+    shared_plain_exports()        a context: export_pack (isolate=False) takes each plain graph from the build cache
 
 Every build goes through `tiny_store` (tests/tiny_cache.py): built once per version of the code, under a file
 lock, so the test workers (pytest-xdist) share each build and a later run on the same code builds nothing.
+A model's plain graph (torch's export: most of a tiny pack's build time) is itself one build, keyed by the model
+directory's contents and the export's arguments, so the packs of one pair that differ in k, max_len, quantization
+or fidelity export each model once (tests/tiny_cache.py, `plain_graph`; torch's export writes the same bytes
+every time).
 torch and transformers are imported inside the fixtures only.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.tiny_cache import BuildCache
+from tests.tiny_cache import BuildCache, plain_graph
 from tests.tiny_heads import TINY_HEAD_SETTINGS, tiny_head_corpus
 
 _TESTS = str(Path(__file__).resolve().parent)
@@ -32,6 +39,7 @@ if _TESTS not in sys.path:  # `import tiny` from any test: pytest puts the rootd
     sys.path.insert(0, _TESTS)
 
 PairFactory = Callable[..., tuple[Path, Path]]
+SharedPlainExports = Callable[[], AbstractContextManager[None]]
 PAIR_DEFAULTS = {"head_dim": 12, "max_positions": 256, "pad_rows": 0}  # tiny_pairs' (a build's key names them all)
 
 
@@ -94,6 +102,29 @@ def tiny_pairs(tiny_store: BuildCache) -> PairFactory:
 
 
 @pytest.fixture(scope="session")
+def shared_plain_exports(tiny_store: BuildCache) -> SharedPlainExports:
+    """A context in which export_pack (isolate=False) copies each model's plain graph from `plain_graph`'s entry
+    instead of exporting it again: every other stage runs as it does. torch's export writes the same bytes for the
+    same model and arguments, so the pack is the one a fresh export writes."""
+
+    @contextmanager
+    def shared() -> Iterator[None]:
+        from specpack.export import pipeline
+
+        def export(model_dir: Path, plain: Path, dtype: str, form: object, taps: tuple[int, ...] = (),
+                   tree_nodes: int = 0, draft_tree: bool = False) -> None:
+            entry = plain_graph(tiny_store, model_dir, plain.name, dtype, form, taps, tree_nodes, draft_tree)
+            for path in entry.iterdir():
+                shutil.copyfile(path, plain.parent / path.name)
+
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(pipeline, "_export_plain", export)
+            yield
+
+    return shared
+
+
+@pytest.fixture(scope="session")
 def tiny_plain_graph(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., Path]:
     """A factory of exported plain graphs of tiny models: (family, role="target"|"draft", dtype, kv_cache,
     attention, **pair) -> .onnx."""
@@ -101,19 +132,13 @@ def tiny_plain_graph(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callabl
     def make(family: str, role: str = "target", dtype: str = "fp32", kv_cache: str = "concat",
              attention: str = "standard", **pair: int | str) -> Path:
         from specpack.export.graph_form import GraphForm
-        from specpack.export.torch_export import export_plain_graph
 
         requested = str(pair.pop("draft", "small"))
         draft = "small" if role == "target" else requested  # every draft kind's pair has the same target (tiny.py)
         options = {**PAIR_DEFAULTS, **pair}
         draft_dir, target_dir = tiny_pairs(family, draft, **options)
-
-        def build(root: Path) -> None:
-            export_plain_graph(target_dir if role == "target" else draft_dir, root / f"{role}.onnx", dtype,
-                               GraphForm(kv_cache, attention))
-
-        key = ("plain", family, role, dtype, kv_cache, attention, draft, *sorted(options.items()))
-        return tiny_store.get(key, build) / f"{role}.onnx"
+        model_dir = target_dir if role == "target" else draft_dir
+        return plain_graph(tiny_store, model_dir, f"{role}.onnx", dtype, GraphForm(kv_cache, attention)) / f"{role}.onnx"
 
     return make
 
@@ -138,7 +163,8 @@ def tiny_batched_plain(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Calla
 
 
 @pytest.fixture(scope="session")
-def tiny_export(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[..., Path]:
+def tiny_export(tiny_pairs: PairFactory, tiny_store: BuildCache, shared_plain_exports: SharedPlainExports
+                ) -> Callable[..., Path]:
     """(family, draft="small" | None, pair options, **ExportConfig fields) -> a pack of that tiny pair exported
     with that configuration (draft None: the target alone), built once; tests copy it before they change it."""
 
@@ -152,7 +178,8 @@ def tiny_export(tiny_pairs: PairFactory, tiny_store: BuildCache) -> Callable[...
         export_config = ExportConfig(isolate=False, **config)  # type: ignore[arg-type]  # its defaults applied
 
         def build(root: Path) -> None:
-            export_pack(None if draft is None else str(draft_dir), str(target_dir), root / "pack", export_config)
+            with shared_plain_exports():
+                export_pack(None if draft is None else str(draft_dir), str(target_dir), root / "pack", export_config)
 
         key = ("pack", family, draft, *sorted(options.items()), export_config)
         return tiny_store.get(key, build) / "pack"

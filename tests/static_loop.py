@@ -22,7 +22,7 @@ from tests.static_harness import StaticRunner
 
 
 class StaticPackLoop:
-    """generate(prompt ids, max_new, k, params, seed) -> new token ids (stops at an eos id, eos included)."""
+    """generate(prompt ids, max_new, k, params, seed, keep) -> new token ids (stops at an eos id, eos included)."""
 
     def __init__(self, pack_dir: Path) -> None:
         self.manifest: Manifest = parse_manifest(read_manifest_bytes(pack_dir))
@@ -32,7 +32,10 @@ class StaticPackLoop:
         self.draft = StaticRunner(pack_dir / m.draft.graph.path, _info(m.draft), length)
         self.target = StaticRunner(pack_dir / m.target.graph.path, _info(m.target), length)
 
-    def generate(self, prompt: list[int], max_new: int, k: int, params: SamplingParams, seed: int = 0) -> list[int]:
+    def generate(self, prompt: list[int], max_new: int, k: int, params: SamplingParams, seed: int = 0,
+                 keep: int | None = None) -> list[int]:
+        """keep: return after the step that makes `keep` tokens (its first `keep` as they would be: a later step draws
+        after them and changes none of them); the step sizes still follow max_new."""
         rng = np.random.Generator(np.random.Philox(seed))
         sampling = params.graph_inputs()
         self.draft.rollback(0)
@@ -49,6 +52,8 @@ class StaticPackLoop:
                 out.append(token)
                 if token in self.eos or len(out) == max_new:
                     return out
+            if keep is not None and len(out) >= keep:
+                return out
             ids += [*drafts[:n], nxt]
             self.target.rollback(len(ids) - 1)
             self.draft.rollback(min(self.draft.length, len(ids) - 1))

@@ -2,6 +2,8 @@
 
     store = BuildCache(root)                    root: the pytest cache (.pytest_cache/d/specpack-tiny)
     store.get(("pack", "qwen2", ...), build)    -> a directory that build(dir) filled, built at most once
+    plain_graph(store, model_dir, "target.onnx", dtype, form, ...)  -> the entry of that model's plain export (torch),
+                                                   keyed by the directory's contents: shared by every pack built from it
 
 Why it is safe to reuse what an earlier run built:
 - the key is the sha256 of every file that decides what is built (specpack/**/*.py, tests/tiny.py, this file,
@@ -110,3 +112,24 @@ class BuildCache:
             return json.loads(listing.read_text()) == _listing(entry)
         except (OSError, ValueError, AssertionError):
             return False
+
+
+def _tree_digest(root: Path) -> str:
+    """sha256 of every file under root, with its relative path (a tiny model directory: a few MB, milliseconds)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def plain_graph(store: BuildCache, model_dir: Path, name: str, dtype: str, form: object, taps: tuple[int, ...] = (),
+                tree_nodes: int = 0, draft_tree: bool = False) -> Path:
+    """The cache entry holding `name` (+ `name.data`): export_plain_graph of model_dir with these arguments, the
+    export stage of export_pack (pipeline._export_plain). Keyed by the directory's contents, not its path."""
+    from specpack.export.torch_export import export_plain_graph
+
+    def build(root: Path) -> None:
+        export_plain_graph(model_dir, root / name, dtype, form, taps, tree_nodes, draft_tree)  # type: ignore[arg-type]
+
+    key = ("plain-graph", _tree_digest(Path(model_dir)), name, dtype, repr(form), tuple(taps), tree_nodes, draft_tree)
+    return store.get(key, build)

@@ -51,14 +51,18 @@ R = TypeVar("R", bound=SamplingRequest)
 def build_app(pack: Pack, config: ServeConfig) -> Starlette:
     """The app over a loaded pack; its lifespan starts and stops the decoder."""
     metrics = ServerMetrics()
+    batcher = None
     if config.max_batch > 1:  # the pack's scheduler decodes up to max_batch at once; the decoder's queue holds the rest
-        pack.start_batching(config.max_batch, max_waiting=0).on_step = metrics.batch_rows.observe
-    decoder = Decoder(pack, metrics, max_queue=config.max_queue, timeout_s=config.timeout_s, max_batch=config.max_batch)
+        batcher = pack.start_batching(config.max_batch, max_waiting=0)
+        batcher.on_step = metrics.batch_rows.observe
+    decoder = Decoder(pack, metrics, max_queue=config.max_queue, timeout_s=config.timeout_s, max_batch=config.max_batch,
+                      batcher=batcher)
     api = Api(pack, decoder, metrics, config)
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         decoder.start()
+        await decoder.ready()  # listening only once the decoding thread's shapes are captured (raises: no server)
         yield
         await decoder.close()
 

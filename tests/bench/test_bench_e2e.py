@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -15,13 +16,15 @@ from specpack.cli.bench_cmd import bench_command
 
 
 @pytest.fixture(scope="module")
-def tiny_pack(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_pack(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory,
+              shared_plain_exports: Callable[[], AbstractContextManager[None]]) -> Path:
     pytest.importorskip("specpack.graphs.attach", reason="the exporter's graph builder is not there yet")
     from specpack.export.pipeline import ExportConfig, export_pack
 
     draft_dir, target_dir = tiny_pairs("qwen2")
-    return export_pack(str(draft_dir), str(target_dir), tmp_path_factory.mktemp("bench") / "pack",
-                       ExportConfig(k=4, isolate=False))
+    with shared_plain_exports():  # the plain graphs of conftest's tiny_pack("qwen2") (tests/runtime/test_backends.py)
+        return export_pack(str(draft_dir), str(target_dir), tmp_path_factory.mktemp("bench") / "pack",
+                           ExportConfig(k=4, isolate=False))
 
 
 def test_bench_on_a_tiny_pack_with_the_hf_peer(tiny_pack: Path, tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from functools import cache
 from pathlib import Path
 
@@ -43,9 +44,10 @@ Pair = tuple[str, str, dict[str, int]]
 
 
 @pytest.fixture(scope="module")
-def trt_pack(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory
-             ) -> Callable[[Pair], tuple[Path, Path]]:
-    """(family, draft, pair options) -> (tensorrt-form pack, target dir)."""
+def trt_pack(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory,
+             shared_plain_exports: Callable[[], AbstractContextManager[None]]) -> Callable[[Pair], tuple[Path, Path]]:
+    """(family, draft, pair options) -> (tensorrt-form pack, target dir); each model's plain graph exported once for
+    this module (test_quantized_tensorrt_form_pack's pack has the same: conftest.py, shared_plain_exports)."""
 
     @cache
     def make(family: str, draft: str, options: tuple[tuple[str, int], ...]) -> tuple[Path, Path]:
@@ -53,8 +55,9 @@ def trt_pack(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path_factory: pyt
 
         draft_dir, target_dir = tiny_pairs(family, draft, **dict(options))
         out = tmp_path_factory.mktemp(f"trt-{family}-{draft}") / "pack"
-        export_pack(str(draft_dir), str(target_dir), out,
-                    ExportConfig(k=8, kv_cache="static", form="tensorrt", isolate=False))
+        with shared_plain_exports():
+            export_pack(str(draft_dir), str(target_dir), out,
+                        ExportConfig(k=8, kv_cache="static", form="tensorrt", isolate=False))
         return out, target_dir
 
     return lambda pair: make(pair[0], pair[1], tuple(sorted(pair[2].items())))
@@ -144,7 +147,8 @@ def _trt_form_pvalue(pack: Path, target_dir: Path, params: SamplingParams, loop_
         return oracle.transform(logits, params)
 
     partition = ExactPartition.build(next_probs, LENGTH, frozenset(loop.eos), SAMPLES)
-    bins = [partition.bin_of(tuple(loop.generate(prompt, K + 2, K, params, seed=i)[:LENGTH])) for i in range(SAMPLES)]
+    bins = [partition.bin_of(tuple(loop.generate(prompt, K + 2, K, params, seed=i, keep=LENGTH)[:LENGTH]))
+            for i in range(SAMPLES)]  # keep: the steps after the first LENGTH tokens would change none of them
     return chi_square_pvalue(bins, partition.probs)
 
 
@@ -195,7 +199,8 @@ def test_cli_form_tensorrt_implies_the_static_cache(tiny_pairs: Callable[..., tu
 
 
 def test_quantized_tensorrt_form_pack(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                      monkeypatch: pytest.MonkeyPatch,
+                                      shared_plain_exports: Callable[[], AbstractContextManager[None]]) -> None:
     """An fp8 draft and an int8-sq target in the tensorrt form: every node (Q/DQ included) passes the check, and
     the quantized draft leaves greedy output equal to the (quantized) target's own greedy decoding (k = 0)."""
     from specpack.export.pipeline import export_pack
@@ -204,10 +209,11 @@ def test_quantized_tensorrt_form_pack(tiny_pairs: Callable[..., tuple[Path, Path
     prompts = tmp_path / "calib.txt"
     prompts.write_text("def add(a, b):\nThe quick brown fox\nimport os\nHello there\n")
     draft_dir, target_dir = tiny_pairs("qwen2", "noisy")
-    pack = export_pack(str(draft_dir), str(target_dir), tmp_path / "pack",
-                       ExportConfig(k=4, kv_cache="static", form="tensorrt", quantize_draft="fp8",
-                                    quantize_target="int8-sq", calib_prompts=str(prompts), calib_samples=4,
-                                    isolate=False))
+    with shared_plain_exports():  # the fp32 plain graphs of trt_pack's qwen2 pack: quantized and calibrated here
+        pack = export_pack(str(draft_dir), str(target_dir), tmp_path / "pack",
+                           ExportConfig(k=4, kv_cache="static", form="tensorrt", quantize_draft="fp8",
+                                        quantize_target="int8-sq", calib_prompts=str(prompts), calib_samples=4,
+                                        isolate=False))
     for model in _graphs(pack):
         assert problems(model) == []
         ops = Counter(node.op_type for node, _ in walk_nodes(model.graph))

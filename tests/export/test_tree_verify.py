@@ -27,6 +27,7 @@ from specpack.graphs import oracle, tree_oracle
 from specpack.graphs.kv_compact import kv_compact_model
 from specpack.graphs.logits_output import with_logits_output
 from specpack.sampling import SamplingParams
+from tests.tiny_cache import plain_graph
 
 MAX_NODES = 64  # the graphs are built for the largest trees (6 pointer-doubling rounds)
 CACHE = 112  # M: the static buffers' length
@@ -83,20 +84,18 @@ def graphs(request: pytest.FixtureRequest, tiny_pairs: Callable[..., tuple[Path,
     def build(root: Path) -> None:
         export_plain_graph(target, root / "tree" / "plain.onnx", "fp32", form, tree_nodes=MAX_NODES)
         build_tree_verify_graph(root / "tree" / "plain.onnx", root / "verify_tree.onnx", info.vocab_rows, MAX_NODES)
-        export_plain_graph(target, root / "plain" / "plain.onnx", "fp32", standard)
-        if attention == "standard":
-            shutil.copytree(root / "plain", root / "chain")  # attaching moves the weights: a copy of its own
-        else:
-            export_plain_graph(target, root / "chain" / "plain.onnx", "fp32", form)
-        build_verify_graph(root / "chain" / "plain.onnx", root / "verify_chain.onnx", info.vocab_rows)
+        # attaching moves the weights: the chain's a copy of the static plain graph (the static packs' own export)
+        shutil.copytree(plain_graph(tiny_store, target, "target.onnx", "fp32", form), root / "chain")
+        build_verify_graph(root / "chain" / "target.onnx", root / "verify_chain.onnx", info.vocab_rows)
         shutil.rmtree(root / "tree")
         shutil.rmtree(root / "chain")
 
     root = tiny_store.get(("tree-verify", family, attention, MAX_NODES), build)
+    plain = plain_graph(tiny_store, target, "target.onnx", "fp32", standard) / "target.onnx"
     compact = kv_compact_model(info.num_layers, info.kv_heads, info.head_dim).SerializeToString()
     return Graphs(tree=_session(with_logits_output(root / "verify_tree.onnx", "fp32")),
                   chain=_session(with_logits_output(root / "verify_chain.onnx", "fp32")),
-                  plain=_session(str(root / "plain" / "plain.onnx")), compact=_session(compact), vocab=info.vocab_rows)
+                  plain=_session(str(plain)), compact=_session(compact), vocab=info.vocab_rows)
 
 
 def _run(session: ort.InferenceSession, cache: dict[str, np.ndarray], ids: list[int], length: int,

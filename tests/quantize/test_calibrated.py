@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import numpy as np
@@ -125,14 +126,16 @@ def _reference(target_dir: Path, ids: list[int], max_new: int, eos: list[int]) -
 
 @pytest.mark.parametrize("method", ["int8-sq", "fp8"])
 def test_quantized_draft_keeps_greedy_output(tiny_pairs: Callable[..., tuple[Path, Path]], prompt_file: Path,
-                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str) -> None:
+                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,
+                                             shared_plain_exports: Callable[[], AbstractContextManager[None]]) -> None:
     from specpack.export.pipeline import export_pack
 
     monkeypatch.setenv("SPECPACK_CACHE", str(tmp_path / "cache"))
     draft_dir, target_dir = tiny_pairs("qwen2", "noisy")
-    pack_dir = export_pack(str(draft_dir), str(target_dir), tmp_path / "pack",
-                           ExportConfig(k=4, quantize_draft=method, calib_prompts=str(prompt_file), calib_samples=4,
-                                        isolate=False, fidelity_tokens=8))
+    with shared_plain_exports():  # the fp32 plain graphs of the tiny qwen2 packs; calibrated and quantized here
+        pack_dir = export_pack(str(draft_dir), str(target_dir), tmp_path / "pack",
+                               ExportConfig(k=4, quantize_draft=method, calib_prompts=str(prompt_file),
+                                            calib_samples=4, isolate=False, fidelity_tokens=8))
     manifest = json.loads((pack_dir / "manifest.json").read_text())
     record = manifest["draft"]["quantization"]
     assert record["method"] == method and record["calibration"]["samples"] == 4

@@ -4,6 +4,7 @@ CPU without fast fp16 kernels), each a SpecpackError that says what was expected
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -60,13 +61,15 @@ def test_fp16_on_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, machine: s
 
 
 def test_fp16_pack_is_refused_on_this_x86_cpu(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path: Path,
-                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                              monkeypatch: pytest.MonkeyPatch,
+                                              shared_plain_exports: Callable[[], AbstractContextManager[None]]) -> None:
     import specpack
     from specpack.export.pipeline import export_pack
 
     monkeypatch.setattr(cpu_fp16.platform, "machine", lambda: "x86_64")
     draft, target = tiny_pairs("qwen2")
-    export_pack(str(draft), str(target), tmp_path / "fp16", ExportConfig(dtype="fp16", isolate=False, fidelity=False))
+    with shared_plain_exports():  # the fp16 draft graph is tests/export/test_torch_export.py's
+        export_pack(str(draft), str(target), tmp_path / "fp16", ExportConfig(dtype="fp16", isolate=False, fidelity=False))
     with pytest.raises(SpecpackError, match="this fp16 pack has no fast kernels on this CPU") as err:
         specpack.load(tmp_path / "fp16")
     assert "--quantize-target int4" in str(err.value)

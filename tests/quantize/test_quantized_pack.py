@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,17 @@ PROMPTS = ([5, 17, 33, 101], [7, 8, 9], [250, 3, 3, 40, 41, 42])
 
 
 @pytest.fixture(scope="module")
-def packs(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """The same noisy pair three ways: unquantized, int4 draft, int8 draft + int4 target."""
+def packs(tiny_pairs: Callable[..., tuple[Path, Path]], tmp_path_factory: pytest.TempPathFactory,
+          shared_plain_exports: Callable[[], AbstractContextManager[None]]) -> dict[str, Path]:
+    """The same noisy pair three ways: unquantized, int4 draft, int8 draft + int4 target (each model's fp32 plain
+    graph exported once for the three: conftest.py, shared_plain_exports)."""
     draft, target = tiny_pairs("qwen2", "noisy", head_dim=HEAD_DIM)
     root = tmp_path_factory.mktemp("quantized-packs")
     settings = {"none": {}, "int4-draft": {"quantize_draft": "int4"},
                 "int8-draft-int4-target": {"quantize_draft": "int8", "quantize_target": "int4"}}
-    for name, options in settings.items():
-        export_pack(str(draft), str(target), root / name, ExportConfig(k=4, isolate=False, **options))
+    with shared_plain_exports():
+        for name, options in settings.items():
+            export_pack(str(draft), str(target), root / name, ExportConfig(k=4, isolate=False, **options))
     return {name: root / name for name in settings}
 
 
