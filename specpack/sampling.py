@@ -40,6 +40,12 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    def filters(self, vocab: int) -> bool:
+        """Whether top-k or top-p keeps fewer than the whole vocabulary, as the graphs read them (sampling_graph.transform:
+        0 < top_k < V, or top_p < 1 in fp32). A sampling request that filters nothing runs on a device backend's plain
+        sampling form (graphs/sampling_form.py)."""
+        return 0 < self.top_k < vocab or bool(np.float32(self.top_p) < np.float32(1.0))
+
     def graph_inputs(self) -> dict[str, np.ndarray]:
         """The sampling inputs of both graphs (names.py), from these parameters and nothing else."""
         return {names.TEMPERATURE: np.array([self.temperature], np.float32),  # [1]

@@ -3,6 +3,7 @@ CUDA execution provider is missing; run on the test GPU (bench/README.md, "GPU")
 
     greedy    speculative tokens (k = 1, 4, 8, auto) == the target alone (k = 0) on the same GPU, for an fp32 pack (standard
               attention) and an fp16 pack (GroupQueryAttention, whose greedy sessions must capture CUDA graphs)
+    plain     temperature-only sampling on the plain sampling form, captured: the exported form's tokens
     sampling  chi-square of speculative samples against the target's exact distribution (tests/e2e's partitions), at
               the slow set's 10,000 samples, with the model drafter and with prompt lookup; the latter also with the
               backend's one-hot q of deterministic drafts misplaced, which the same test must reject
@@ -56,7 +57,31 @@ def test_greedy_on_the_gpu_equals_the_target_alone(tiny_pairs, tmp_path_factory,
         assert report["draft"]["capture"] and report["draft"]["captured_graphs"] >= 1, report
 
 
-SAMPLING = [SamplingParams(1.0), SamplingParams(1.0, top_p=0.8)]
+def test_plain_sampling_is_captured_on_the_gpu(tiny_pairs, tmp_path_factory) -> None:
+    """Temperature-only requests on an fp16 pack run on the plain sampling form (graphs/sampling_form.py), captured:
+    both models' plain sessions capture graphs, and the tokens equal the graph as exported's for the same seeds
+    (asserted: the same kernels on the same inputs; the chi-square below covers the distribution)."""
+    from specpack.export.config import ExportConfig
+    from specpack.export.pipeline import export_pack
+
+    draft_dir, target_dir = tiny_pairs("qwen2", "noisy", head_dim=16)
+    pack_dir = tmp_path_factory.mktemp("gpu-plain") / "pack"
+    export_pack(str(draft_dir), str(target_dir), pack_dir,
+                ExportConfig(k=8, dtype="fp16", kv_cache="static", attention="gqa", isolate=False))
+    plain, exported = specpack.load(pack_dir, device="cuda"), specpack.load(pack_dir, device="cuda")
+    for engine in (exported.backend.target().engine, exported.backend.draft().engine):  # type: ignore[attr-defined]
+        engine.plain_error = "off: this test's baseline"
+    for seed, (prompt, k) in enumerate([("def add(a, b):", 4), ("Hello", 8), ([5], None), ("def add(a, b):", 2)]):
+        sampled = {"temperature": 0.8, "seed": seed}
+        got = plain.generate(prompt, 40, k=k, **sampled).tokens  # type: ignore[arg-type]
+        assert got == exported.generate(prompt, 40, k=k, **sampled).tokens, (prompt, k)  # type: ignore[arg-type]
+    report = plain.backend.capture_report()  # type: ignore[attr-defined]
+    print(f"fp16 gqa plain sampling: {report}")
+    for label in ("target plain", "draft plain"):
+        assert report[label]["capture"] and report[label]["captured_graphs"] >= 1, report
+
+
+SAMPLING = [SamplingParams(1.0), SamplingParams(1.0, top_p=0.8)]  # the first on the plain form, the second as exported
 
 
 @pytest.fixture(scope="module")

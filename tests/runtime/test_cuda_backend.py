@@ -43,6 +43,32 @@ def test_greedy_and_sampled_tokens_equal_the_cpu_backend(static_pack: Path) -> N
     assert dev.backend.target().engine._sessions.keys() == {True, False}  # type: ignore[attr-defined]
 
 
+def test_plain_sampling_runs_on_the_plain_form_with_the_cpu_backends_tokens(static_pack: Path) -> None:
+    """Temperature-only requests (top_k 0 or >= V, top_p 1) on the plain sampling form (graphs/sampling_form.py),
+    bound once per run shape as captured runs are (a draft binding per q row, a verify binding per (k, q buffer)):
+    the cpu backend's tokens for the same seeds, model drafts and n-gram ones (a one-hot q in the scratch buffer);
+    a request that filters still runs on the graph as exported."""
+    cpu, dev = specpack.load(static_pack), device_pack(static_pack)
+    vocab = dev.manifest.vocab_size
+    for prompt in ["def add(a, b):", [5, 9, 5, 9, 5, 9, 5]]:
+        for k, drafter in ((4, "model"), (8, "model"), (3, "ngram"), (None, "model")):
+            for seed, extra in ((7, {}), (8, {"top_k": vocab}), (9, {"top_p": 1.0})):
+                sampled = {"temperature": 0.9, "seed": seed, "drafter": drafter, **extra}
+                want = cpu.generate(prompt, 24, k=k, **sampled).tokens  # type: ignore[arg-type]
+                assert dev.generate(prompt, 24, k=k, **sampled).tokens == want, (prompt, k, drafter, seed)  # type: ignore[arg-type]
+    target, draft = dev.backend.target().engine, dev.backend.draft().engine  # type: ignore[attr-defined]
+    assert target._sessions.keys() == {True, "plain"} and draft._sessions.keys() == {"plain"}  # the draft: on first use
+    assert target.plain_error is None and draft.plain_error is None
+    plain_keys = [key for key in target.slots[0].bindings if key[1]]  # (greedy, plain, S, k, q buffer)
+    assert plain_keys and all(len(key) == 5 for key in plain_keys)
+    rows = {key[3] for key in draft.slots[0].bindings if key[1]}  # (greedy, plain, S, q row)
+    assert len(rows) > 1, rows  # a binding per q row
+    filtered = {"temperature": 0.9, "top_p": 0.8, "seed": 3}
+    want = cpu.generate("def add(a, b):", 16, k=4, **filtered).tokens  # type: ignore[arg-type]
+    assert dev.generate("def add(a, b):", 16, k=4, **filtered).tokens == want  # type: ignore[arg-type]
+    assert False in target._sessions
+
+
 def test_chunked_runs_give_the_same_tokens(static_pack: Path) -> None:
     """Prefills and the draft's catch-ups after k = 0 steps as chunks of LONG_CHUNK and k_max + 1 tokens (as
     captured on a GPU): the same tokens as one run, greedy, fixed and adaptive k; only those two run shapes (and
@@ -56,7 +82,7 @@ def test_chunked_runs_give_the_same_tokens(static_pack: Path) -> None:
         for k in (0, 3, 8, None):
             assert dev.generate(prompt, 40, k=k).tokens == cpu.generate(prompt, 40, k=k).tokens, (length, k)
     for model in (dev.backend.target().engine, dev.backend.draft().engine):  # type: ignore[attr-defined]
-        shapes = {key[1] for key in model.slots[0].bindings}
+        shapes = {key[2] for key in model.slots[0].bindings}  # (greedy, plain, S, ...)
         assert LONG_CHUNK in shapes and shapes - {LONG_CHUNK} <= set(range(1, dev.manifest.k_max + 2)), shapes
 
 
@@ -78,9 +104,9 @@ def test_greedy_single_steps_run_two_rows(static_pack: Path) -> None:
     padded, alone = device_pack(static_pack), device_pack(static_pack, pad_single_steps=False)
     for prompt in ("def add(a, b):", [5]):
         assert padded.generate(prompt, 24, k=0).tokens == alone.generate(prompt, 24, k=0).tokens
-    shapes = {key[1:] for key in padded.backend.target().engine.slots[0].bindings}  # type: ignore[attr-defined]
+    shapes = {key[2:] for key in padded.backend.target().engine.slots[0].bindings}  # type: ignore[attr-defined]
     assert (2, 1) in shapes and (1, 0) not in shapes, shapes  # (rows, k): never one row, even the 1-token prefill
-    shapes = {key[1:] for key in alone.backend.target().engine.slots[0].bindings}  # type: ignore[attr-defined]
+    shapes = {key[2:] for key in alone.backend.target().engine.slots[0].bindings}  # type: ignore[attr-defined]
     assert (1, 0) in shapes and (2, 1) not in shapes, shapes
 
 
@@ -143,3 +169,18 @@ def test_a_pinned_load_opens_every_graph_from_verified_bytes(static_pack: Path, 
     weights.write_bytes(bytes(data))
     with pytest.raises(SpecpackError, match="does not match the pinned manifest"):
         CudaBackend(copy, manifest, BackendOptions(verified_reads=True), device="cpu")
+
+
+def test_the_plain_sampling_forms_read_no_host_value_as_data(static_pack: Path) -> None:
+    """The plain sampling form of each model (what a temperature-only request runs, captured on a GPU) keeps shape
+    values out of its data, as the greedy form does: a Memcpy node would refuse its capture (tests/graphs/host_values.py)."""
+    import onnx
+
+    from specpack.graphs.greedy_form import greedy_form
+    from specpack.graphs.sampling_form import plain_sampling_form
+    from tests.graphs.host_values import host_values_in_data
+
+    for name in ("verify.onnx", "draft_step.onnx"):
+        path = static_pack / name
+        assert host_values_in_data(onnx.load_from_string(greedy_form(path))) == [], name  # the baseline it matches
+        assert host_values_in_data(onnx.load_from_string(plain_sampling_form(path))) == [], name

@@ -201,7 +201,8 @@ def test_a_tree_pack_runs_no_new_shape_after_load(tree_packs: dict[str, Path], k
         if kind == "head":
             assert any(key[1] == "tree" and key[3] for key in used["draft"])  # the head's expansions (slot, "tree", C, W)
         if kind == "model":
-            assert any(key[3:4] == ("tree",) for key in used["draft"])  # the draft's expansions (slot, greedy, W, "tree", W)
+            # the draft's expansions (slot, greedy, plain, W, "tree", W)
+            assert any(key[4:5] == ("tree",) for key in used["draft"])
     finally:
         cpu.close()
         dev.close()

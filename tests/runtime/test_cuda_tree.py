@@ -129,11 +129,11 @@ def test_chain_paths_skip_the_compaction_and_bindings_are_per_captured_shape(pac
     assert {key: id(b) for key, b in engine._compact_bindings.items() if key in compact} == compact
     t_max = dev.manifest.target.graph.tree.max_nodes  # type: ignore[union-attr]
     assert engine.short_max == t_max + 1
-    for greedy, rows, nodes in first:
-        assert greedy is True and rows <= t_max + 1 and nodes <= t_max and (rows == nodes + 1 or nodes == 0)
+    for greedy, plain, rows, nodes in first:
+        assert greedy is True and plain is False and rows <= t_max + 1 and nodes <= t_max and (rows == nodes + 1 or nodes == 0)
     assert all(slot == 0 and 1 <= nodes <= t_max for slot, nodes in engine._compact_bindings)
     verify = {key for session, key in keys if session is engine.session(True) and key is not None}  # None: a long prefill
-    assert verify and verify <= {(0, rows, nodes) for _, rows, nodes in first}
+    assert verify and verify <= {(0, rows, nodes) for _, _, rows, nodes in first}
     assert {key for session, key in keys if session is engine._compact_session} <= set(engine._compact_bindings)
 
 

@@ -18,16 +18,23 @@ outputs. The draft step writes q straight into the rows the verify reads. Per st
 new ids, their positions and the mask (a few KB), and reads back one token per draft step and n_accepted /
 next_token per verify, never logits.
 
-Two forms of each graph, one session each:
+Three forms of each graph, one session each (opened on first use but the greedy form):
     greedy     the head's If inlined as its greedy branch (graphs/greedy_form.py): no control flow, so with
                `enable_cuda_graph` ONNX Runtime captures one CUDA graph per run shape (gpu_graph_id per
                (slot, S, k)) and replays it: fixed shapes, fixed addresses. A run over more than k_max + 1
                tokens (a prefill, or the draft catching up after k = 0 steps) runs as captured chunks: of
                LONG_CHUNK tokens while more than that are left, then of k_max + 1 and the rest, so two chunk
                shapes serve every length: no graph per prompt length. Opened at load.
+    plain      for sampling requests that filter nothing (temperature only: top_k 0 or >= V, top_p 1), the head's
+               If inlined as its sampling branch and the transform's filter If as its unfiltered branch
+               (graphs/sampling_form.py): no control flow, captured like the greedy form (a draft run per q row, a
+               verify per (k, q buffer); runs over more than k_max + 1 tokens uncaptured); opened on the first such
+               request (chain graphs of the draft model and the target; a graph it does not fit, e.g. the tensorrt
+               form's, keeps its sampling requests on the next)
     sampling   the graph as exported (the If chooses greedy or sampling; not capturable), opened on the first
-               sampling request: a pack used for both modes holds the weights twice on the device.
-A request's mode (SamplingParams.greedy) picks the session at reset. Needs a pack exported with
+               sampling request that filters (top-k, top-p), or every sampling request where the plain form is not
+               offered: each form opened holds the model's weights once more on the device.
+A request's mode (SamplingParams: greedy, plain sampling or sampling) picks the session at reset. Needs a pack exported with
 `--kv-cache static`: fp16, or fp32 in the standard attention form. `device="cpu"` runs the same code on
 the CPU EP (tests, no capture).
 """
@@ -180,6 +187,12 @@ class SlotBase:
     sampling: dict[str, DeviceArray]                                    # temperature, top_k, top_p [1] each
     bindings: dict[tuple[Any, ...], Any] = field(default_factory=dict)  # run shape -> IOBinding, bound once
     greedy: bool = True
+    plain: bool = False                      # sampling on the plain form (graphs/sampling_form.py): captured runs
+
+    @property
+    def fixed(self) -> bool:
+        """Whether the request's runs are bound once per run shape and captured (the greedy and the plain form)."""
+        return self.greedy or self.plain
 
     @staticmethod
     def sampling_buffers(device: str) -> dict[str, DeviceArray]:
@@ -199,31 +212,50 @@ SlotT = TypeVar("SlotT", bound=SlotBase)
 
 
 class SlotSessions(Generic[SlotT]):
-    """An engine's two sessions (greedy form, sampling form: each opened on first use) and its slots; a request's
-    mode picks the session at reset."""
+    """An engine's sessions (greedy form, plain sampling form, sampling form: each opened on first use) and its
+    slots; a request's mode picks the session at reset."""
 
     slots: list[SlotT]
+    plain_form = False  # whether this engine runs plain sampling requests on the plain form (its _run binds them once)
 
     def __init__(self, backend: CudaBackend, entry: ModelEntry | HeadEntry) -> None:
         self.backend, self.entry, self.device = backend, entry, backend.device
-        self._sessions: dict[bool, DeviceSession] = {}
+        self._sessions: dict[bool | str, DeviceSession] = {}  # True: greedy form, "plain", False: as exported
         self._lock = threading.Lock()
+        self.plain_error: str | None = None  # why this graph has no plain form (its sampling requests: exported)
 
-    def session(self, greedy: bool) -> DeviceSession:
-        """The greedy form (captured graphs) or the graph as exported (sampling), opened on first use."""
-        if greedy not in self._sessions:
+    def session(self, greedy: bool, plain: bool = False) -> DeviceSession:
+        """The greedy form (captured graphs), the plain sampling form (captured) or the graph as exported (sampling),
+        opened on first use."""
+        key: bool | str = "plain" if plain and not greedy else greedy
+        if key not in self._sessions:
             with self._lock:
-                if greedy not in self._sessions:
-                    self._sessions[greedy] = self.backend.open_session(self.entry, greedy)
-        return self._sessions[greedy]
+                if key not in self._sessions:
+                    self._sessions[key] = self._open(key)
+        return self._sessions[key]
+
+    def _open(self, key: bool | str) -> DeviceSession:
+        if key == "plain":
+            from specpack.graphs.sampling_form import plain_sampling_form
+
+            return self.backend.open_session(self.entry, True, greedy_form_of=plain_sampling_form)
+        return self.backend.open_session(self.entry, bool(key))
 
     def reset(self, state: DecodeState) -> None:
         slot = self.slots[state.slot]
         slot.cache.reset()
-        slot.greedy = state.params.greedy
+        params = state.params
+        slot.greedy = params.greedy
+        slot.plain = (self.plain_form and self.plain_error is None and not params.greedy
+                      and not params.filters(self.backend.manifest.vocab_size))
         for name, array in state.sampling_inputs.items():  # [1] each, once per request
             slot.sampling[name].write(array)
-        self.session(slot.greedy)
+        if slot.plain:
+            try:
+                self.session(False, plain=True)
+            except ValueError as err:  # graphs/sampling_form.py: this graph has no plain form
+                self.plain_error, slot.plain = str(err), False
+        self.session(slot.greedy, slot.plain)
 
     def cache(self, slot: int) -> DeviceStaticKVCache:
         return self.slots[slot].cache
@@ -266,7 +298,7 @@ class _DeviceModel(SlotSessions[_Slot]):
         greedy run (bound once per run shape), rebound every run when sampling. chunks: a long run may go as
         chunks (not a tree's: each chunk would take the last T rows for the nodes)."""
         slot = self.slots[state.slot]
-        cache, session = slot.cache, self.session(slot.greedy)
+        cache, session = slot.cache, self.session(slot.greedy, slot.plain)
         chunked = self.backend.chunked_runs and slot.greedy and chunks
         if chunked:
             # captured chunks; each one's head outputs are overwritten by the next, the cache keeps every token
@@ -281,7 +313,7 @@ class _DeviceModel(SlotSessions[_Slot]):
             ids, positions = self._staging(slot, n)
             ids.write(state.ids[None, start:end])                          # [1, S]
             positions.write(self.backend.positions[:, start:end])          # [1, S]
-            bkey = (slot.greedy, n, *key)
+            bkey = (slot.greedy, slot.plain, n, *key)
             binding = slot.bindings.get(bkey)
             if binding is None:
                 binding = slot.bindings[bkey] = session.session.io_binding()
@@ -289,9 +321,9 @@ class _DeviceModel(SlotSessions[_Slot]):
                                             **kv_inputs, **{k: v.view() for k, v in slot.sampling.items()}},
                      cache.bind_outputs(n), session.input_names)
                 bind(binding, self.device, inputs, outputs, session.input_names)
-            elif not slot.greedy:
+            elif not slot.fixed:
                 bind(binding, self.device, inputs, outputs, session.input_names)
-            session.run(binding, (state.slot, n, *key) if slot.greedy else None)
+            session.run(binding, (state.slot, n, *key) if slot.fixed else None)
         else:  # sampling, or chunked runs off: a prefix of the [1, max_len] buffers, uncaptured
             self._long_host[0, 0, :n] = state.ids[start:end]
             self._long_host[1, 0, :n] = self.backend.positions[0, start:end]
@@ -323,6 +355,7 @@ class DeviceDraft(_DeviceModel):
 
         self.tree = draft_tree_buffers(m, len(self.slots))  # the host side of tree runs (None: chains only)
         self.tree_width = 0 if self.tree is None else self.tree.width  # K
+        self.plain_form = self.tree is None  # chains: the plain sampling form (a tree form's head has more outputs)
         self._tree = [DraftTreeSlot.allocate(self.tree_width, m.max_len, self.device)
                       for _ in self.slots] if self.tree is not None else []
 
@@ -330,10 +363,11 @@ class DeviceDraft(_DeviceModel):
         slot, q, uniform = self.slots[state.slot], self._q[state.slot], self._uniform[state.slot]
         if not slot.greedy:
             uniform.write(state.uniforms.draft[row : row + 1])
-        # greedy: one fixed row (a captured graph keeps its addresses); the greedy verify never reads q
+        # greedy: one fixed row (a captured graph keeps its addresses); the greedy verify never reads q. Plain
+        # sampling: a binding (and a captured graph) per q row
         probs = q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab)  # [1, V]
         inputs, outputs = self._chain_views(state.slot, probs)
-        self._run(state, end, (), inputs, outputs)
+        self._run(state, end, () if slot.greedy else (row,), inputs, outputs)
         return int(self._token[state.slot].read()[0])
 
     def _chain_views(self, i: int, probs: DeviceView) -> tuple[dict[str, DeviceView], dict[str, DeviceView]]:
@@ -393,6 +427,7 @@ class DeviceTarget(_DeviceModel):
         super().__init__(backend, entry)
         k_max, tree = backend.manifest.k_max, entry.graph.tree
         self.tree_nodes = 0 if tree is None else tree.max_nodes  # T_max; 0: the chain form
+        self.plain_form = tree is None  # the chain form's plain sampling form (verify's binding per (k, q buffer))
         # q the greedy form binds (it never reads it), and one-hot q of deterministic proposals when sampling
         self._q_scratch = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]
         self._uniforms = [{k: DeviceArray((1, k + 1), np.float32, self.device) for k in range(self.short_max)}
@@ -434,7 +469,8 @@ class DeviceTarget(_DeviceModel):
         outputs = {names.N_ACCEPTED: self._n[i].view(), names.NEXT_TOKEN: self._next[i].view()}
         if self.features:  # the features cache, past bound as present (the graph writes the run's rows in place)
             inputs[names.PAST_TARGET_FEATURES] = outputs[names.TARGET_FEATURES] = self.features[i].view()
-        self._run(state, state.length + k, (k,), inputs, outputs)
+        # plain sampling: a binding per (k, q buffer): the draft's q rows, or the scratch of a deterministic proposal
+        self._run(state, state.length + k, (k,) if slot.greedy else (k, q.ptr), inputs, outputs)
         return VerifyResult(int(self._n[i].read()[0]), int(self._next[i].read()[0]))
 
     def verify_tree(self, run: VerifyRun) -> TreeResult:
@@ -602,8 +638,9 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         """Whether each opened greedy session captures CUDA graphs, how many, and why not."""
         target = self._target.engine
         models = {"target": target, "draft": self._draft.engine if self._draft is not None else None}
-        sessions = {label: s for label, model in models.items() if model is not None
-                    for s in [model._sessions.get(True)] if s is not None}
+        sessions = {f"{label}{suffix}": s for label, model in models.items() if model is not None
+                    for key, suffix in ((True, ""), ("plain", " plain")) for s in [model._sessions.get(key)]
+                    if s is not None}
         if target._compact_session is not None:
             sessions["kv_compact"] = target._compact_session
         return {label: {"captured_graphs": s.graphs_captured, "capture": s.capture, "refused": s.error}
@@ -626,7 +663,7 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         m = self.manifest
         if m.draft_model is not None or m.head is not None:
             self.draft().engine.session(True)  # opened now if not yet, not in a request (_open_draft)
-        if batched is not None:  # the per-slot draft serves sampling rows there, whose runs are never captured
+        if batched is not None:  # the per-slot draft serves sampling rows there (plain ones captured on first use)
             return pre.precapture_batched(batched, drafter, m.max_len, m.k_max)
         runs = pre.precapture_target(self._target.engine, m.max_len, m.k_max)
         if self.draft_loaded and threading.get_ident() not in self._draft_captured:
