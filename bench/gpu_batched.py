@@ -4,7 +4,7 @@
     python bench/gpu_batched.py --work /tmp/gw --target T.gguf --draft D.gguf \\
         --prompts HumanEval.jsonl.gz mt_bench_question.jsonl spec_bench_question.jsonl --json OUT.json \\
         [--clients 1 4 16 64] [--ks auto 0] [--requests-per-client 2] [--min-requests 8] [--max-new-tokens 128]
-        [--config-cap-s 150] [--alone-cap-s 300] [--gaps 16] [--device cuda] [--pack PACK]
+        [--config-cap-s 150] [--alone-cap-s 300] [--gaps 16] [--device cuda] [--pack PACK] [--sampled-every N]
 
 Export (once per --work: skipped when WORK/pack-batched holds a manifest; `--pack PATH` uses that pack instead):
 `spec-export --graphs torch --kv-cache static --attention gqa --dtype fp16 --max-batch 64 --k 8 --max-len 2048 --jobs 4`
@@ -15,7 +15,9 @@ backend's fast batch-1 path (docs/cuda_backend.md: "fp16 (with --attention gqa f
 AR on torch graphs with standard attention 225 tok/s, on the builder's GQA graphs 428), and `alone` (today's server)
 should be timed at its best. The builder's graphs have no batched form (refused with --max-batch).
 
-Configurations (`alone`, and each N, on its own load of the pack), greedy, --max-new-tokens new tokens per request,
+Configurations (`alone`, and each N, on its own load of the pack), greedy (--sampled-every N: every Nth request seeded
+sampling at temperature 0.7, top_k and top_p off, as serve_load.py's; its tokens too must be alone's), --max-new-tokens
+new tokens per request,
 requests drawn round-robin from the prompt files (prompts over --max-prompt-tokens left out, counted), the same list
 for all:
   alone      one request at a time through pack.generate (no start_batching, BackendOptions slots 1: the batch-1
@@ -94,6 +96,7 @@ K_MAX = 8
 ATTENTION = "gqa"   # the batch-1 graphs' (module docstring)
 WARMUP_TOKENS = 16
 WARMUP_ROUNDS = 3  # warm-up rounds per configuration at most (fewer once a round captured no new shape)
+SAMPLED_TEMPERATURE = 0.7  # --sampled-every's requests (serve_load.py's)
 
 
 def log(line: str) -> None:
@@ -212,11 +215,25 @@ class Planned:
     id: str
     chat: bool
     ids: tuple[int, ...]   # the prompt's token ids (chat template applied)
+    temperature: float = 0.0  # > 0: seeded sampling (--sampled-every), its seed the request's index
+
+    def request(self, max_new_tokens: int, k: int | None = None) -> Any:
+        """The request as every configuration submits it (a sampled one with its seed: the same tokens alone and
+        batched, docs/batching.md)."""
+        from specpack.runtime.request import GenerateRequest
+        from specpack.sampling import SamplingParams
+
+        if not self.temperature:
+            return GenerateRequest(self.ids, max_new_tokens, k=k)
+        return GenerateRequest(self.ids, max_new_tokens, k=k, sampling=SamplingParams(self.temperature), seed=self.index)
 
 
-def plan(pack_dir: Path, files: list[str], n: int, max_prompt_tokens: int) -> tuple[list[Planned], int]:
+def plan(pack_dir: Path, files: list[str], n: int, max_prompt_tokens: int, sampled_every: int = 0
+         ) -> tuple[list[Planned], int]:
     """The first n prompts, round-robin over the files (each in its order), encoded as Pack.encode does (the pack's
-    tokenizer alone: no session opened), prompts over max_prompt_tokens left out (returned: how many)."""
+    tokenizer alone: no session opened), prompts over max_prompt_tokens left out (returned: how many); every
+    `sampled_every`-th seeded sampling at SAMPLED_TEMPERATURE (serve_load.py's plan: top_k and top_p left off, as an
+    OpenAI client sends them: the cuda backend's plain sampling form)."""
     from specpack.prompts import read_prompts
     from specpack.runtime.tokenizer import PackTokenizer
 
@@ -235,7 +252,9 @@ def plan(pack_dir: Path, files: list[str], n: int, max_prompt_tokens: int) -> tu
             if len(ids) > max_prompt_tokens:
                 skipped += 1
                 continue
-            out.append(Planned(len(out), prompt.id, prompt.chat, tuple(ids)))
+            index = len(out)
+            sampled = sampled_every > 0 and index % sampled_every == sampled_every - 1
+            out.append(Planned(index, prompt.id, prompt.chat, tuple(ids), SAMPLED_TEMPERATURE if sampled else 0.0))
     return out, skipped
 
 
@@ -280,8 +299,6 @@ def finish(out: Outcome, t0: float, clock: PieceClock, generation: Any) -> None:
 
 def run_alone(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]) -> tuple[dict[str, Any], list[Outcome]]:
     """One request at a time through pack.generate_request (no batching): today's server."""
-    from specpack.runtime.request import GenerateRequest
-
     memory = MemorySampler(args.device == "cuda")
     t0 = time.perf_counter()
     with open_pack(pack_dir, args.device, 1) as pack:
@@ -296,8 +313,7 @@ def run_alone(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]) 
             out, clock = Outcome(p.index), PieceClock()
             t = time.perf_counter()
             try:
-                finish(out, t, clock, pack.generate_request(GenerateRequest(p.ids, args.max_new_tokens),
-                                                            on_text=clock))
+                finish(out, t, clock, pack.generate_request(p.request(args.max_new_tokens), on_text=clock))
             except Exception as err:  # counted; the run goes on
                 out.error = f"{type(err).__name__}: {err}"[:300]
             outcomes.append(out)
@@ -323,7 +339,6 @@ def closed_loop(pack: Any, planned: list[Planned], clients: int, k: int | None, 
                 cap_s: float) -> tuple[list[Outcome], float, bool]:
     """`clients` threads, each submitting a request and waiting for its result, then the next, until the list is
     done or cap_s passed (those in flight finish). Returns the outcomes, the wall time, whether the cap stopped it."""
-    from specpack.runtime.request import GenerateRequest
 
     todo = list(reversed(planned))
     lock = threading.Lock()
@@ -344,7 +359,7 @@ def closed_loop(pack: Any, planned: list[Planned], clients: int, k: int | None, 
             out, clock = Outcome(p.index), PieceClock()
             t = time.perf_counter()
             try:
-                handle = pack.submit(GenerateRequest(p.ids, max_new_tokens, k=k), on_text=clock)
+                handle = pack.submit(p.request(max_new_tokens, k), on_text=clock)
                 finish(out, t, clock, handle.result())
             except Exception as err:  # counted; the client goes on
                 out.error = f"{type(err).__name__}: {err}"[:300]
@@ -362,8 +377,6 @@ def closed_loop(pack: Any, planned: list[Planned], clients: int, k: int | None, 
 def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned], clients: int,
                 ks: list[int | None], max_batch: int = 0) -> list[tuple[str, dict[str, Any], list[Outcome]]]:
     """N clients on one load of the pack (batching with max_batch: this, or --max-batch, or N), each k in turn."""
-    from specpack.runtime.request import GenerateRequest
-
     max_batch = max_batch or args.max_batch or clients
     suffix = "" if max_batch == clients else f"-b{max_batch}"
     # as `serve` loads: the shapes captured on the batcher's thread when it starts, nothing at load (precapture
@@ -383,7 +396,7 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
         for k in ks:  # warm-up: `clients` short requests at once, each k (sessions, the batch shapes up to N rows),
             for _ in range(WARMUP_ROUNDS):  # again while a round still captured shapes (the backend's warm-up runs)
                 before = pack.backend.warmup_runs()
-                handles = [pack.submit(GenerateRequest(p.ids, WARMUP_TOKENS, k=k)) for p in planned[:clients]]
+                handles = [pack.submit(p.request(WARMUP_TOKENS, k)) for p in planned[:clients]]
                 for handle in handles:
                     handle.result()
                 if pack.backend.warmup_runs() == before:
@@ -485,7 +498,8 @@ def divergences(alone: dict[int, Outcome], runs: dict[str, list[Outcome]], plann
             i = first_difference(ref.tokens, out.tokens)
             if i is None:
                 continue
-            record: dict[str, Any] = {"config": name, "request": out.index, "id": planned[out.index].id, "position": i}
+            record: dict[str, Any] = {"config": name, "request": out.index, "id": planned[out.index].id, "position": i,
+                                      "sampled": planned[out.index].temperature > 0}
             if i < min(len(ref.tokens), len(out.tokens)):
                 record |= {"alone_token": ref.tokens[i], "other_token": out.tokens[i]}
             else:
@@ -501,7 +515,9 @@ def add_gaps(found: list[dict[str, Any]], alone: dict[int, Outcome], planned: li
     from specpack.bench.peer_hf import logit_gaps
     from specpack.contract.manifest import Manifest
 
-    keys = list(dict.fromkeys((d["request"], d["position"]) for d in found if "alone_token" in d))[:limit]
+    # greedy ones only: a sampled token's divergence is no near tie of the argmax
+    keys = list(dict.fromkeys((d["request"], d["position"]) for d in found
+                              if "alone_token" in d and not d["sampled"]))[:limit]
     if not keys:
         return None
     target_dir = Manifest.read(pack_dir).target.source.resolved
@@ -513,7 +529,7 @@ def add_gaps(found: list[dict[str, Any]], alone: dict[int, Outcome], planned: li
         if (g := by_key.get((d["request"], d["position"]))) is not None:
             d |= {"fp32_top2": g["top2_tokens"], "fp32_top2_logits": [round(v, 4) for v in g["top2_logits"]],
                   "fp32_gap": round(g["gap"], 4)}
-    left = len({(d["request"], d["position"]) for d in found if "alone_token" in d}) - len(keys)
+    left = len({(d["request"], d["position"]) for d in found if "alone_token" in d and not d["sampled"]}) - len(keys)
     return note or (f"{left} divergences' gaps left to bench/divergence_gaps.py (--gaps {limit})" if left else None)
 
 
@@ -582,6 +598,8 @@ def main() -> None:
     parser.add_argument("--config-cap-s", type=float, default=150.0, help="a batched configuration's wall-clock cap")
     parser.add_argument("--alone-cap-s", type=float, default=300.0)
     parser.add_argument("--gaps", type=int, default=16, help="divergences whose fp32 gap is computed here (0: none)")
+    parser.add_argument("--sampled-every", type=int, default=0,
+                        help=f"every Nth request seeded sampling at temperature {SAMPLED_TEMPERATURE} (0: all greedy)")
     parser.add_argument("--max-len", type=int, default=MAX_LEN, help="export's --max-len")
     parser.add_argument("--export-jobs", type=int, default=4,
                         help="export's --jobs: its four torch exports at once (the device machine's 16 cores and 128 GB: "
@@ -608,8 +626,9 @@ def main() -> None:
     n_max = max(max(args.min_requests, args.requests_per_client * n) for n in args.clients)
     batched = Manifest.read(pack_dir).target.batched
     result["pack_max_batch"] = batched.max_batch if batched else None
-    planned, skipped = plan(pack_dir, args.prompts, n_max, args.max_prompt_tokens)
-    result["requests"] = [{"i": p.index, "id": p.id, "chat": p.chat, "prompt_ids": list(p.ids)} for p in planned]
+    planned, skipped = plan(pack_dir, args.prompts, n_max, args.max_prompt_tokens, args.sampled_every)
+    result["requests"] = [{"i": p.index, "id": p.id, "chat": p.chat, "prompt_ids": list(p.ids),
+                           "temperature": p.temperature} for p in planned]
     result["prompts_too_long"] = skipped
     log(f"{len(planned)} requests planned ({skipped} prompts over {args.max_prompt_tokens} tokens left out)")
     wanted = set(args.only) if args.only else None
