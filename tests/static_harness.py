@@ -21,7 +21,11 @@ from specpack.runtime.static_kv_cache import StaticKVCache
 
 
 def session(path: Path) -> ort.InferenceSession:
-    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    """One intra-op thread: a test worker is pinned to one core (tests/conftest.py), where ONNX Runtime's default (a
+    spinning thread per physical core) took the tensorrt-form chi-square from about 8 s alone to 28-35 s in the suite."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def _positions(start: int, ids: np.ndarray) -> dict[str, np.ndarray]:

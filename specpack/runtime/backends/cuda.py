@@ -635,7 +635,8 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         return open_device_batched(self, max_batch)
 
     def capture_report(self) -> dict[str, Any]:
-        """Whether each opened greedy session captures CUDA graphs, how many, and why not."""
+        """Whether each opened greedy and plain sampling session ("target", "target plain", ...) captures CUDA graphs,
+        how many, and why not."""
         target = self._target.engine
         models = {"target": target, "draft": self._draft.engine if self._draft is not None else None}
         sessions = {f"{label}{suffix}": s for label, model in models.items() if model is not None
