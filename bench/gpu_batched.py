@@ -421,14 +421,15 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
 
 
 def batched_capture(batcher: Any) -> dict[str, Any]:
-    """Per batched session (the target's verify graph, its greedy form, the draft's graph): whether it captures CUDA
+    """Per batched session (the target's verify graph, its greedy and plain forms, the draft's graph): whether it captures CUDA
     graphs, how many shapes it captured, why a capture was refused (backends/cuda_batched.py)."""
     engines = {"target": batcher.scheduler.verifier,
                "draft": getattr(batcher.scheduler.row_drafter, "engine", None)}
     out: dict[str, Any] = {}
     for label, engine in engines.items():
         caches = getattr(engine, "caches", None)
-        for form, session in (("", getattr(caches, "session", None)), (" greedy form", getattr(caches, "greedy_session", None))):
+        forms = (("", "session"), (" greedy form", "greedy_session"), (" plain form", "plain_session"))
+        for form, session in ((form, getattr(caches, attr, None)) for form, attr in forms):
             if session is not None and hasattr(session, "graphs_captured"):
                 out[label + form] = {"capture": session.capture, "captured_shapes": session.graphs_captured,
                                      "refused": session.error}

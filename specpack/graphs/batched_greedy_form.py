@@ -16,6 +16,7 @@ The weights stay in the pack's data files (only the structure changes, as greedy
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -31,6 +32,15 @@ def batched_greedy_form(path: Path, data: bytes | None = None) -> bytes:
 
     Raises ValueError when the graph has no batched verify head (one Scan whose outputs become n_accepted and
     next_token) or keeps other control flow."""
+    return rewrite_head(path, data, lambda scan: _greedy_acceptance(scan.input[0], scan.input[1], scan.input[4]),
+                        _k_from_uniforms)
+
+
+def rewrite_head(path: Path, data: bytes | None, head: Callable[[onnx.NodeProto], list[onnx.NodeProto]],
+                 edit: Callable[[onnx.NodeProto], list[onnx.NodeProto]] = lambda node: [node]) -> bytes:
+    """The batched verify graph with its head's Scan (and the two Squeezes after it) replaced by `head(scan)`'s nodes,
+    which write n_accepted and next_token; `edit` rewrites each other node; then only the nodes the outputs need, and
+    only the inputs they read. ValueError without that head, or with control flow left."""
     model = onnx.load_from_string(data) if data is not None else onnx.load(str(path), load_external_data=False)
     graph = model.graph
     heads = {names.N_ACCEPTED, names.NEXT_TOKEN}
@@ -39,13 +49,9 @@ def batched_greedy_form(path: Path, data: bytes | None = None) -> bytes:
     if len(scans) != 1 or len(squeezes) != 2:
         raise ValueError(f"{path.name}: expected the batched verify head (one Scan feeding n_accepted and "
                          f"next_token), found {len(scans)} Scan and {len(squeezes)} Squeeze")
-    scan = scans[0]
-    x, drafts, counts = scan.input[0], scan.input[1], scan.input[4]
-    dropped = {id(scan), *(id(s) for s in squeezes)}
-    nodes = [n for n in graph.node if id(n) not in dropped]
-    nodes = [edited for n in nodes for edited in _k_from_uniforms(n)]
-    nodes += _greedy_acceptance(x, drafts, counts)
-    nodes = _live(nodes, {o.name for o in graph.output})
+    dropped = {id(scans[0]), *(id(s) for s in squeezes)}
+    nodes = [edited for n in graph.node if id(n) not in dropped for edited in edit(n)]
+    nodes = _live([*nodes, *head(scans[0])], {o.name for o in graph.output})
     control = [n.name or n.op_type for n in nodes if n.op_type in ("If", "Loop", "Scan")]
     if control:
         raise ValueError(f"{path.name}: control flow left after the head: {control}")

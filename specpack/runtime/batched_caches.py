@@ -66,9 +66,10 @@ class BatchedCaches(Protocol):
         ...
 
     def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound], *, greedy: bool = False,
-            capture: bool = False) -> None:
+            capture: bool = False, plain: bool = False) -> None:
         """Bind everything (by pointer) and run the graph once. greedy: every row of the run is greedy (a device may run
-        a greedy form); capture: a decode step's run (S <= k_max + 1), which a device may run as a CUDA graph."""
+        a greedy form); plain: every row greedy or sampling without top-k / top-p (a device may run the plain form);
+        capture: a decode step's run (S <= k_max + 1), which a device may run as a CUDA graph."""
         ...
 
     def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:
@@ -102,7 +103,7 @@ class HostCaches:
         return past, present
 
     def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound], *, greedy: bool = False,
-            capture: bool = False) -> None:
+            capture: bool = False, plain: bool = False) -> None:
         self.graph.run(self._binding, _host(inputs), _host(outputs))  # the CPU: one form, nothing captured
 
     def ignored(self, shape: tuple[int, ...], dtype: type) -> Bound:

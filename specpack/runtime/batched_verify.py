@@ -100,11 +100,13 @@ class BatchedTarget(BatchedRuns):
         greedy = all(state.params.greedy for state, _ in verifies.values())
         if greedy:  # q read by no row: nothing written or copied
             probs = self.caches.ignored(q.shape, np.float32)
+        # every row greedy or sampling without filters: a device may run the plain form (graphs/batched_plain_form.py)
+        plain = all(state.params.greedy or not state.params.filters(vocab) for state, _ in verifies.values())
         head: dict[str, Bound] = {
                 names.DRAFT_COUNTS: self._counts[lo:hi], names.TOKEN_COUNTS: self._tokens[lo:hi], names.DRAFT_PROBS: probs,
                 names.UNIFORMS: u, names.TEMPERATURE: self._temperature[lo:hi], names.TOP_K: self._top_k[lo:hi],
                 names.TOP_P: self._top_p[lo:hi]}
         self.caches.run({**inputs, **head},
                         {names.N_ACCEPTED: self._n[lo:hi], names.NEXT_TOKEN: self._next[lo:hi], **outputs},
-                        greedy=greedy, capture=self.decode_step(seq))
+                        greedy=greedy, plain=plain, capture=self.decode_step(seq))
         return self._n, self._next

@@ -238,28 +238,32 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
     rng = np.random.default_rng(3)
     greedy_only = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 9 + 2 * i).tolist(), 16, k=2 + i % 2)
                    for i in range(SLOTS)]  # a batch without sampling rows: the greedy form's
+    plain_mix = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 8 + 3 * i).tolist(), 16, k=1 + i % 3,
+                                    **({"temperature": 0.8 + 0.2 * i, "seed": 20 + i} if i % 2 else {}))  # type: ignore[arg-type]
+                 for i in range(SLOTS)]  # greedy and temperature-only sampling rows: the plain form's
+    batches = (requests(m.vocab_size), greedy_only, plain_mix)
     with open_pack(pack_dir, m, OrtBackend) as host:
-        on_host = [batched_tokens(host, reqs)[0] for reqs in (requests(m.vocab_size), greedy_only)]
+        on_host = [batched_tokens(host, reqs)[0] for reqs in batches]
     with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False, batched_greedy=True) as device:
         batcher = device.start_batching(batch_policy=NoCap())
         target, drafter = batcher.scheduler.verifier, batcher.scheduler.row_drafter
         assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
         draft = drafter.engine  # type: ignore[union-attr]
-        greedy_session = target.caches.greedy_session
-        assert greedy_session is not None
+        greedy_session, plain_session = target.caches.greedy_session, target.caches.plain_session
+        assert greedy_session is not None and plain_session is not None
         for caches in (target.caches, draft.caches):
             caches.staged = caches.launch_bound = True  # as on a GPU: the CPU EP ignores the graph ids
-        greedy_session.capture = draft.caches.session.capture = True
+        greedy_session.capture = plain_session.capture = draft.caches.session.capture = True
         forms: list[str] = []
-        for label, session in (("greedy", greedy_session), ("exported", target.caches.session)):
+        for label, session in (("greedy", greedy_session), ("plain", plain_session), ("exported", target.caches.session)):
             real = session.run
             session.run = lambda binding, key, real=real, label=label: (forms.append(label), real(binding, key))[1]  # type: ignore[method-assign]
-        on_device = [[h.result(timeout=120).tokens for h in [device.submit(r) for r in reqs]]
-                     for reqs in (requests(m.vocab_size), greedy_only)]
+        on_device = [[h.result(timeout=120).tokens for h in [device.submit(r) for r in reqs]] for reqs in batches]
         fixed = (len(target.caches._fixed), len(draft.caches._fixed))
         assert draft.caches.fixed_rows == m.k_max + 1  # the draft's head with its K from shapes (batched_fixed_rows)
     assert on_device == on_host
-    assert {"greedy", "exported"} <= set(forms)  # greedy batches on the greedy form, the others as exported
+    # greedy batches on the greedy form, with temperature-only sampling rows on the plain form, the others as exported
+    assert {"greedy", "plain", "exported"} <= set(forms)
     assert fixed[0] > 0 and fixed[1] > 0  # decode steps through bindings bound once per shape
     assert 3 not in target.runs and 4 in target.runs  # decode steps over [0, 2^n), prefills over their row
 

@@ -22,9 +22,11 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
 Sessions (CudaBackend.open_session; cache writes widened per element): the draft's batched graph (its argmax head has
 no control flow) captured, its K + 1 from shapes (graphs/batched_fixed_rows.py: as exported it is max k_b + 1, a device
 value, which no CUDA graph replays); the target's batched verify graph as exported, uncaptured (its head is a Scan
-over rows with the sampling If inside), and its greedy form (graphs/batched_greedy_form.py), captured, for the decode
-steps whose rows are all greedy (CudaBackend.batched_greedy, by default where the backend captures: the target's
-weights once more on the device). A capture ONNX Runtime refuses turns that session's capture off (`error` says why).
+over rows with the sampling If inside), its greedy form (graphs/batched_greedy_form.py), captured, for the decode
+steps whose rows are all greedy, and its plain form (graphs/batched_plain_form.py), captured, for those whose rows are
+greedy or sample without top-k / top-p (CudaBackend.batched_greedy opens both, by default where the backend captures:
+the target's weights twice more on the device; the plain form's shapes are captured on first use, not pre-captured).
+A capture ONNX Runtime refuses turns that session's capture off (`error` says why).
 """
 
 from __future__ import annotations
@@ -55,17 +57,22 @@ class DeviceCaches:
     are all greedy: the graph as exported has a Scan over rows with the sampling If inside, which no CUDA graph takes."""
 
     def __init__(self, session: DeviceSession, layout: KVLayout, device: str,
-                 greedy_session: DeviceSession | None = None, fixed_rows: int | None = None) -> None:
-        """fixed_rows: the session's greedy head reads min(S, fixed_rows) rows (graphs/batched_fixed_rows.py)."""
+                 greedy_session: DeviceSession | None = None, fixed_rows: int | None = None,
+                 plain_session: DeviceSession | None = None) -> None:
+        """fixed_rows: the session's greedy head reads min(S, fixed_rows) rows (graphs/batched_fixed_rows.py);
+        plain_session: the verify graph's plain form (graphs/batched_plain_form.py), for batches of greedy and
+        temperature-only sampling rows."""
         self.session, self.greedy_session, self.layout, self.device = session, greedy_session, layout, device
+        self.plain_session = plain_session
         self.fixed_rows = fixed_rows
         self.input_names = session.input_names
         self.launch_bound = device == "cuda"  # an uncaptured run's launches cost more than its rows (bench/README.md)
         # where a session captures, no run binds host memory (its host arrays copied to the device first)
-        self.staged = any(s is not None and s.capture for s in (session, greedy_session))
+        self.staged = any(s is not None and s.capture for s in (session, greedy_session, plain_session))
         self._buffers = [DeviceArray(layout.shape, layout.dtype, device) for _ in range(2 * layout.num_layers)]
         self._past, self._present = layout.names()
-        self._binding = {id(s): s.session.io_binding() for s in (session, greedy_session) if s is not None}
+        self._binding = {id(s): s.session.io_binding() for s in (session, greedy_session, plain_session)
+                         if s is not None}
         self._fixed: dict[tuple[Any, ...], Any] = {}                       # run shape -> its IOBinding, bound once
         self._stage: dict[tuple[Any, ...], DeviceArray] = {}               # (in/out, name, shape, dtype) -> buffer
         self._ignored: DeviceArray | None = None  # flat, zeros; `ignored` views
@@ -78,12 +85,17 @@ class DeviceCaches:
         return past, present
 
     def run(self, inputs: Mapping[str, Bound], outputs: Mapping[str, Bound], *, greedy: bool = False,
-            capture: bool = False) -> None:
-        """On the greedy form if every row is greedy and there is one, else on the graph as exported: a decode step on
+            capture: bool = False, plain: bool = False) -> None:
+        """On the greedy form if every row is greedy and there is one, else on the plain form if every row is greedy or
+        samples without filters (`plain`) and there is one, else on the graph as exported: a decode step on
         a session that captures at fixed addresses (`_run_fixed`); any other run uncaptured, its host arrays copied to
         device buffers of this run where `staged` (a session that captures is never handed host memory), else bound
         as they are (ONNX Runtime copies them)."""
-        session = self.greedy_session if greedy and self.greedy_session is not None else self.session
+        session = self.session
+        if greedy and self.greedy_session is not None:
+            session = self.greedy_session
+        elif plain and self.plain_session is not None:
+            session = self.plain_session
         if capture and session.capture:
             self._run_fixed(session, inputs, outputs)
             return
@@ -169,22 +181,24 @@ def open_device_batched(backend: CudaBackend, max_batch: int) -> BatchedEngines 
                                            greedy_form_of=partial(batched_fixed_rows, rows=rows))
             return partial(DeviceCaches, session, device=backend.device, fixed_rows=rows)
         session = backend.open_session(entry, greedy=False, capture=False)
-        greedy = None
-        if backend.batched_greedy:  # greedy batches on the greedy form, captured (a third copy of the weights)
-            from specpack.graphs.batched_greedy_form import batched_greedy_form
+        greedy = plain = None
+        if backend.batched_greedy:  # greedy batches on the greedy form; batches of greedy and temperature-only
+            # sampling rows on the plain form: both captured (the target's weights twice more on the device)
+            from specpack.graphs.batched_greedy_form import SAMPLING_INPUTS, batched_greedy_form
+            from specpack.graphs.batched_plain_form import PLAIN_DROPPED, batched_plain_form
 
-            greedy = backend.open_session(_without_sampling_inputs(entry), greedy=True, capture=backend.cuda_graphs,
+            greedy = backend.open_session(_without(entry, SAMPLING_INPUTS), greedy=True, capture=backend.cuda_graphs,
                                           greedy_form_of=batched_greedy_form)
-        return partial(DeviceCaches, session, device=backend.device, greedy_session=greedy)
+            plain = backend.open_session(_without(entry, PLAIN_DROPPED), greedy=True, capture=backend.cuda_graphs,
+                                         greedy_form_of=batched_plain_form)
+        return partial(DeviceCaches, session, device=backend.device, greedy_session=greedy, plain_session=plain)
 
     return open_batched(backend.manifest, max_batch, open_graph, partial(_draft_q, backend))
 
 
-def _without_sampling_inputs(entry: ModelEntry) -> ModelEntry:
-    """The entry of a batched verify graph's greedy form: the graph's inputs but those only sampling rows read."""
-    from specpack.graphs.batched_greedy_form import SAMPLING_INPUTS
-
-    inputs = [spec for spec in entry.graph.inputs if spec.name not in SAMPLING_INPUTS]
+def _without(entry: ModelEntry, dropped: tuple[str, ...]) -> ModelEntry:
+    """The entry of a form of a batched verify graph: the graph's inputs but those the form no longer reads."""
+    inputs = [spec for spec in entry.graph.inputs if spec.name not in dropped]
     return entry.model_copy(update={"graph": entry.graph.model_copy(update={"inputs": inputs})})
 
 
