@@ -272,15 +272,20 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
 def test_a_batcher_captures_its_decode_shapes_on_its_own_thread(batched_pack: tuple[Path, Manifest],
                                                                   precapture: bool) -> None:
     """ONNX Runtime keeps CUDA graphs per thread: start_batching runs the batched engines' decode step shapes
-    (cuda_precapture.precapture_batched) on the batcher's thread before its first step, so greedy requests then run no
-    warm-up run (no capture mid-request on a GPU) and keep their tokens; without precapture they do. On the CPU EP, with
+    (cuda_precapture.precapture_batched: the verify's greedy and plain forms, the draft) on the batcher's thread
+    before its first step, so greedy and temperature-only sampling requests then run no warm-up run (no capture
+    mid-request on a GPU) and keep their tokens; without precapture they do (and without the plain form's shapes,
+    6 warm-up runs here). On the CPU EP, with
     the caches set as on a GPU (staged, launch-bound, sessions that capture: the warm-ups are counted, nothing is
     captured)."""
     import threading
 
     pack_dir, m = batched_pack
     rng = np.random.default_rng(5)
-    greedy = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 7 + 3 * i).tolist(), 16, k=1 + i % 3)
+    greedy = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 7 + 3 * i).tolist(), 16, k=1 + i % 3,
+                                 # every other row temperature-only sampling: deterministic (n-gram) drafts, so that
+                                 # the batched greedy draft and the verify's plain form serve them (no per-slot run)
+                                 **({"temperature": 0.9, "seed": 30 + i, "drafter": "ngram"} if i % 2 else {}))  # type: ignore[arg-type]
               for i in range(SLOTS)]
     with open_pack(pack_dir, m, OrtBackend) as host:
         want = batched_tokens(host, greedy)[0]
@@ -289,9 +294,10 @@ def test_a_batcher_captures_its_decode_shapes_on_its_own_thread(batched_pack: tu
         draft = engines.drafter.engine
         for caches in (engines.target.caches, draft.caches):
             caches.staged = caches.launch_bound = True
-        engines.target.caches.greedy_session.capture = draft.caches.session.capture = True
+        caches = engines.target.caches
+        caches.greedy_session.capture = caches.plain_session.capture = draft.caches.session.capture = True
         threads: set[str] = set()
-        for session in (engines.target.caches.greedy_session, draft.caches.session):
+        for session in (caches.greedy_session, caches.plain_session, draft.caches.session):
             real = session.run
             session.run = lambda binding, key, real=real: (threads.add(threading.current_thread().name),  # type: ignore[method-assign]
                                                            real(binding, key))[1]

@@ -49,12 +49,14 @@ verifies, max_batch 1) the chains above again, on its own thread before its firs
     target    its verify graph's greedy form over slots [0, B) for every span B (BatchedRuns.span: the powers of two
               below the engines' slots, and the slots), K in 0 .. k_max drafts at most a row (uniforms [B, K + 1]) over
               S = max(MIN_WIDTH, K + 1) new tokens a row, and K = 0 over S in MIN_WIDTH + 1 .. k_max + 1 (prefills
-              proper of a prompt's last few tokens)
+              proper of a prompt's last few tokens); the same shapes on its plain form (graphs/batched_plain_form.py)
+              where the backend opened one, by a temperature-only sampling row
     draft     the batched draft's graph over the same spans, S in MIN_WIDTH .. k_max + 1 (its decode steps and short
               catch-ups)
 
-At 64 slots and k_max 8: 7 spans x (16 target + 8 draft) shapes (336 runs), not measured on a GPU.
-Only the greedy form captures; sampling runs are never captured. The rows written are garbage and dropped: each slot's
+At 64 slots and k_max 8: 7 spans x (16 target + 16 plain + 8 draft) shapes (560 runs), not measured on a GPU.
+Per slot, only the greedy form is pre-captured (a plain sampling request's per-slot shapes are captured on first use);
+runs of the graphs as exported are never captured. The rows written are garbage and dropped: each slot's
 caches are empty afterwards, as at load (the features cache of a head pack holds garbage rows, as after any request:
 the verify writes a row's features before the head reads it).
 """
@@ -102,10 +104,14 @@ def catch_up_rows(short_max: int) -> list[int]:
     return sorted({*range(1, short_max + 1), LONG_CHUNK})
 
 
-def _dummy_state(max_len: int, k_max: int, slot: int) -> DecodeState:
-    params = SamplingParams()  # greedy: the captured form
-    return DecodeState.start([0], 1, params, Uniforms(params, k_max), eos_ids=frozenset(), max_len=max_len,
-                             k_max=k_max, stats=DecodeStats(k=k_max), slot=slot)
+def _dummy_state(max_len: int, k_max: int, slot: int, params: SamplingParams | None = None) -> DecodeState:
+    """params: greedy by default (the greedy form); SamplingParams(1.0) for the plain sampling form (its uniforms
+    drawn)."""
+    params = params or SamplingParams()
+    uniforms = Uniforms(params, k_max, seed=0)
+    uniforms.draw(k_max)
+    return DecodeState.start([0], 1, params, uniforms, eos_ids=frozenset(), max_len=max_len, k_max=k_max,
+                             stats=DecodeStats(k=k_max), slot=slot)
 
 
 def _at(cache: DeviceStaticKVCache, length: int) -> None:
@@ -268,21 +274,26 @@ def batched_spans(slots: int) -> list[int]:
 
 def precapture_batched(target: BatchedRuns, drafter: BatchedGreedyDrafter | None, max_len: int, k_max: int) -> int:
     """Runs every decode step shape of the batched engines CAPTURE_RUNS times (module docstring): a greedy verify of
-    K drafts, and the draft's S fed tokens, by one dummy row in the span's last slot (the others pad rows, as in a
-    step); every slot's cached length is 0 again afterwards. Returns the runs."""
+    K drafts, the same by a temperature-only sampling row where the verify graph has a plain form (its deterministic
+    proposal's one-hot q: graphs/batched_plain_form.py), and the draft's S fed tokens, by one dummy row in the span's
+    last slot (the others pad rows, as in a step); every slot's cached length is 0 again afterwards. Returns the runs."""
     runs = 0
+    modes = [SamplingParams()]
+    if getattr(target.caches, "plain_session", None) is not None:
+        modes.append(SamplingParams(1.0))
     for span in batched_spans(target.slots):
         slot = span - 1
-        state = _dummy_state(max_len, k_max, slot)
         # (uncached committed tokens, drafts): a verify of k drafts after one token runs k + 1 rows; a prefill of n
         verifies = [(1, k) for k in range(k_max + 1)] + [(n, 0) for n in range(MIN_WIDTH + 1, k_max + 2)]
-        for length, k in verifies:
-            state.length = length
-            proposal = Proposal(tokens=state.ids[length : length + k], q=None)
-            for _ in range(CAPTURE_RUNS):
-                target.lengths[slot] = 0
-                target.verify_rows([(state, proposal)])
-                runs += 1
+        for params in modes:
+            state = _dummy_state(max_len, k_max, slot, params)
+            for length, k in verifies:
+                state.length = length
+                proposal = Proposal(tokens=state.ids[length : length + k], q=None)
+                for _ in range(CAPTURE_RUNS):
+                    target.lengths[slot] = 0
+                    target.verify_rows([(state, proposal)])
+                    runs += 1
         target.lengths[slot] = 0
         if drafter is None:
             continue
