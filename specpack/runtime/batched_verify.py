@@ -5,7 +5,10 @@ request, greedy or sampling, verifies in the step's one run (docs/batching.md).
                                request's; pad rows and prefill chunks: greedy), uniforms [B, K+1] (row b's
                                state.uniforms.verify[0, :k_b + 1]), draft_probs [B, K, V] (row b's q, one-hot on its
                                drafts for a deterministic proposal; a greedy row's is never read, and a run
-                               without sampling rows binds the caches' `ignored` zeros instead), K = max k_b
+                               without sampling rows binds the caches' `ignored` zeros instead), K = max k_b; where a
+                               run costs its launch (a GPU) a run with a sampling row has K = k_max (one shape for
+                               its captured graphs), and when every sampling row's q is on the device (its draft
+                               model's rows: `q_rows`), draft_probs is those rows in place: no q crosses the host
     out                        n_accepted [B], next_token [B]: what the row's verify alone gives (the same chain rule,
                                the same uniforms)
 """
@@ -26,17 +29,20 @@ from specpack.runtime.ort_session import OrtGraph
 from specpack.runtime.state import DecodeState, Proposal, VerifyResult
 
 QReader = Callable[[DecodeState, Proposal], np.ndarray]  # a proposal's q as host rows [k, V]
+# slots [lo, hi)'s q rows in place, [hi - lo, k_max, V], once each sampling row's proposal is checked to be its slot's
+QRows = Callable[[int, int, list[tuple[DecodeState, Proposal]]], Bound]
 
 
 class BatchedTarget(BatchedRuns):
     def __init__(self, graph: Path | OrtGraph | CacheOpener, *, vocab_size: int, read_q: QReader | None = None,
-                 **kwargs: Any) -> None:
+                 q_rows: QRows | None = None, **kwargs: Any) -> None:
         """read_q: a proposal's q (its drafter's handle) as host rows [k, V]; None: q is a host array already (the
-        cpu backend's drafts; a device backend reads its draft's buffer back: backends/cuda_batched.py)."""
+        cpu backend's drafts; a device backend reads its draft's buffer back: backends/cuda_batched.py); q_rows: the
+        draft model's q rows in place on the device (module docstring)."""
         super().__init__(graph, **kwargs)
         slots, k_max = self.slots, self.k_max
         self.vocab_size = vocab_size
-        self.read_q = read_q
+        self.read_q, self.q_rows = read_q, q_rows
         self._counts = np.zeros(slots, np.int64)                     # [slots] views [lo:hi]
         self._tokens = np.zeros(slots, np.int64)
         self._temperature = np.zeros(slots, np.float32)
@@ -72,7 +78,10 @@ class BatchedTarget(BatchedRuns):
              ) -> tuple[np.ndarray, np.ndarray]:
         """One run; n_accepted and next_token indexed by slot (rows outside the run: stale)."""
         lo, hi, seq, inputs, outputs = self.bind(tokens)
-        k = max((proposal.k for _, proposal in verifies.values()), default=0)
+        sampling = [(state, proposal) for state, proposal in verifies.values() if not state.params.greedy]
+        wide = bool(sampling) and self.caches.launch_bound  # K = k_max: one shape per S for the captured graphs
+        in_place = wide and self.q_rows is not None and all(proposal.q is not None for _, proposal in sampling)
+        k = self.k_max if wide else max((proposal.k for _, proposal in verifies.values()), default=0)
         batch, vocab = hi - lo, self.vocab_size
         q = self._q[: batch * k * vocab].reshape(batch, k, vocab)    # [B, K, V]
         u = self._u[: batch * (k + 1)].reshape(batch, k + 1)         # [B, K+1]
@@ -90,6 +99,8 @@ class BatchedTarget(BatchedRuns):
                 continue
             u[r] = 0.0
             u[r, : k_b + 1] = state.uniforms.verify[0, : k_b + 1]
+            if in_place:
+                continue
             if proposal.q is not None:
                 given_q = np.asarray(proposal.q) if self.read_q is None else self.read_q(state, proposal)
                 q[r, :k_b] = given_q.reshape(-1, vocab)[:k_b]         # [k_b, V]
@@ -100,6 +111,9 @@ class BatchedTarget(BatchedRuns):
         greedy = all(state.params.greedy for state, _ in verifies.values())
         if greedy:  # q read by no row: nothing written or copied
             probs = self.caches.ignored(q.shape, np.float32)
+        elif in_place:
+            assert self.q_rows is not None
+            probs = self.q_rows(lo, hi, sampling)
         # every row greedy or sampling without filters: a device may run the plain form (graphs/batched_plain_form.py)
         plain = all(state.params.greedy or not state.params.filters(vocab) for state, _ in verifies.values())
         head: dict[str, Bound] = {

@@ -255,6 +255,10 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
             caches.staged = caches.launch_bound = True  # as on a GPU: the CPU EP ignores the graph ids
         greedy_session.capture = plain_session.capture = draft.caches.session.capture = True
         forms: list[str] = []
+        in_place: list[tuple[int, int]] = []  # the runs whose sampling rows' q was the draft's rows in place
+        real_rows = target.q_rows
+        assert real_rows is not None
+        target.q_rows = lambda lo, hi, rows: (in_place.append((lo, hi)), real_rows(lo, hi, rows))[1]
         for label, session in (("greedy", greedy_session), ("plain", plain_session), ("exported", target.caches.session)):
             real = session.run
             session.run = lambda binding, key, real=real, label=label: (forms.append(label), real(binding, key))[1]  # type: ignore[method-assign]
@@ -262,8 +266,10 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
         fixed = (len(target.caches._fixed), len(draft.caches._fixed))
         assert draft.caches.fixed_rows == m.k_max + 1  # the draft's head with its K from shapes (batched_fixed_rows)
     assert on_device == on_host
-    # greedy batches on the greedy form, with temperature-only sampling rows on the plain form, the others as exported
+    # greedy batches on the greedy form, with temperature-only sampling rows on the plain form, the others as exported;
+    # the model's sampling rows verified on their q in place (no host copy), from slot 0 (decode steps over [0, 2^n))
     assert {"greedy", "plain", "exported"} <= set(forms)
+    assert in_place and all(lo == 0 for lo, _ in in_place), in_place
     assert fixed[0] > 0 and fixed[1] > 0  # decode steps through bindings bound once per shape
     assert 3 not in target.runs and 4 in target.runs  # decode steps over [0, 2^n), prefills over their row
 

@@ -19,7 +19,7 @@ from specpack.limits import numpy_dtype
 from specpack.runtime.batched_caches import CacheOpener
 from specpack.runtime.batched_draft import BatchedGreedyDrafter
 from specpack.runtime.batched_target import BatchedGreedyTarget
-from specpack.runtime.batched_verify import BatchedTarget, QReader
+from specpack.runtime.batched_verify import BatchedTarget, QReader, QRows
 from specpack.runtime.ort_session import OrtGraph
 
 # how a backend opens a model's batched graph: a session over host caches (OrtGraph), or its own caches (CacheOpener)
@@ -31,10 +31,10 @@ class BatchedEngines(NamedTuple):
     drafter: BatchedGreedyDrafter | None
 
 
-def open_batched(m: Manifest, max_batch: int, open_graph: GraphOpener, read_q: QReader | None = None
-                 ) -> BatchedEngines | None:
-    """None when the pack has no batched target graph; refused past the batch it was exported for. read_q: how the
-    batched verify reads a sampling row's q (BatchedTarget; None: a host array)."""
+def open_batched(m: Manifest, max_batch: int, open_graph: GraphOpener, read_q: QReader | None = None,
+                 q_rows: QRows | None = None) -> BatchedEngines | None:
+    """None when the pack has no batched target graph; refused past the batch it was exported for. read_q, q_rows: how
+    the batched verify reads a sampling row's q (BatchedTarget; None: a host array)."""
     form = m.target.batched
     if form is None:
         return None
@@ -44,7 +44,8 @@ def open_batched(m: Manifest, max_batch: int, open_graph: GraphOpener, read_q: Q
                             hint="re-export with spec-export --max-batch N, or batch fewer requests")
     width = m.max_len + m.k_max + 1  # a padded row never runs off its buffer
     t = m.target
-    target = BatchedTarget(open_graph(t, form), vocab_size=m.vocab_size, read_q=read_q, num_layers=t.num_layers,
+    target = BatchedTarget(open_graph(t, form), vocab_size=m.vocab_size, read_q=read_q, q_rows=q_rows,
+                           num_layers=t.num_layers,
                            kv_heads=t.kv_heads, head_dim=t.head_dim, width=width, slots=max_batch, k_max=m.k_max,
                            dtype=numpy_dtype(t.dtype))
     drafter = None

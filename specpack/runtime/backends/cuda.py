@@ -347,7 +347,9 @@ class DeviceDraft(_DeviceModel):
         super().__init__(backend, entry)
         m = backend.manifest
         k_max = m.k_max
-        self._q = [DeviceArray((1, k_max, self.vocab), np.float32, self.device) for _ in self.slots]  # [1, k_max, V]
+        # [slots, k_max, V]: each slot's q rows, one buffer, so that a batched verify binds rows [lo, hi) in place
+        self._q = DeviceArray((len(self.slots), k_max, self.vocab), np.float32, self.device)
+        self._q_rows = k_max * self.vocab  # elements per slot
         self._token = [DeviceArray((1,), np.int64, self.device) for _ in self.slots]               # [1]
         self._uniform = [DeviceArray((1,), np.float32, self.device) for _ in self.slots]           # [1]
         from specpack.runtime.backends.cuda_draft_tree import DraftTreeSlot
@@ -360,12 +362,12 @@ class DeviceDraft(_DeviceModel):
                       for _ in self.slots] if self.tree is not None else []
 
     def step(self, state: DecodeState, end: int, row: int) -> int:
-        slot, q, uniform = self.slots[state.slot], self._q[state.slot], self._uniform[state.slot]
+        slot, uniform = self.slots[state.slot], self._uniform[state.slot]
         if not slot.greedy:
             uniform.write(state.uniforms.draft[row : row + 1])
         # greedy: one fixed row (a captured graph keeps its addresses); the greedy verify never reads q. Plain
         # sampling: a binding (and a captured graph) per q row
-        probs = q.view((1, self.vocab), 0 if slot.greedy else row * self.vocab)  # [1, V]
+        probs = self._q_view(state.slot, (1, self.vocab), 0 if slot.greedy else row * self.vocab)  # [1, V]
         inputs, outputs = self._chain_views(state.slot, probs)
         self._run(state, end, () if slot.greedy else (row,), inputs, outputs)
         return int(self._token[state.slot].read()[0])
@@ -390,7 +392,7 @@ class DeviceDraft(_DeviceModel):
         index = host.next_run(i, run)
         if run is None:  # the catch-up over the committed tokens not yet cached
             end, w = state.length, 0
-            self._run(state, end, (), *self._chain_views(i, self._q[i].view((1, self.vocab))))
+            self._run(state, end, (), *self._chain_views(i, self._q_view(i, (1, self.vocab))))
         else:
             end, w = start + len(run.tokens), len(run.tokens)
             state.ids[start:end] = run.tokens  # past the committed tokens: the proposal overwrites them
@@ -398,22 +400,32 @@ class DeviceDraft(_DeviceModel):
             device.positions.write(host.positions[i])
             device.mask.write(host.mask[i])
             self._run(state, end, ("tree", w), {names.UNIFORM: self._uniform[i].view(), **device.inputs(w)},
-                      {names.TOKEN: self._token[i].view(), names.PROBS: self._q[i].view((1, self.vocab)),
+                      {names.TOKEN: self._token[i].view(), names.PROBS: self._q_view(i, (1, self.vocab)),
                        **device.outputs(w)}, chunks=False)
         host.tokens[i][index, : w + 1] = device.tokens.read()[0, : w + 1]
         host.logprobs[i][index, : w + 1] = device.logprobs.read()[0, : w + 1]
         return host.top_rows(i, index, w, start if w else end - 1)
 
     def q(self, state: DecodeState, k: int) -> DeviceView:
-        return self._q[state.slot].view((1, k, self.vocab))  # [1, k, V] on the device
+        return self._q_view(state.slot, (1, k, self.vocab))  # [1, k, V] on the device
+
+    def _q_view(self, slot: int, shape: tuple[int, ...], offset: int = 0) -> DeviceView:
+        return self._q.view(shape, slot * self._q_rows + offset)
+
+    def q_rows(self, lo: int, hi: int) -> DeviceView:
+        """Slots [lo, hi)'s q rows in place, [hi - lo, k_max, V]: a batched verify's draft_probs (cuda_batched.py)."""
+        return self._q_view(lo, (hi - lo, self.backend.manifest.k_max, self.vocab))
+
+    def check_q(self, slot: int, q: DeviceView) -> None:
+        """`q` must be what `q` gave for this slot (the batched verify reads q of the slot's own drafts only)."""
+        if q.ptr != self._q_view(slot, (1,)).ptr:
+            raise RuntimeError(f"slot {slot}: a q view that is not this slot's rows")
 
     def host_q(self, slot: int, q: DeviceView, k: int) -> np.ndarray:
-        """`q` (what `q` gave for this slot) read back: [k, V] fp32 on the host (the batched verify's draft_probs)."""
-        buffer = self._q[slot]
-        if q.ptr != buffer.ptr:
-            raise RuntimeError(f"slot {slot}: a q view that is not this slot's buffer (the batched verify reads q "
-                               "of the slot's own drafts only)")
-        return buffer.read()[0, :k]  # [k, V]
+        """`q` (what `q` gave for this slot) read back: [k, V] fp32 on the host (the batched verify's draft_probs where
+        a batch also holds a deterministic sampling proposal; the whole buffer is read)."""
+        self.check_q(slot, q)
+        return self._q.read()[slot, :k]  # [k, V]
 
 
 class DeviceTarget(_DeviceModel):
@@ -665,7 +677,9 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         if m.draft_model is not None or m.head is not None:
             self.draft().engine.session(True)  # opened now if not yet, not in a request (_open_draft)
         if batched is not None:  # the per-slot draft serves sampling rows there (plain ones captured on first use)
-            return pre.precapture_batched(batched, drafter, m.max_len, m.k_max)
+            engine = self.draft().engine if m.draft_model is not None else None
+            q_of = engine.q if isinstance(engine, DeviceDraft) else None  # sampling rows' q in place (batched_verify)
+            return pre.precapture_batched(batched, drafter, m.max_len, m.k_max, q_of)
         runs = pre.precapture_target(self._target.engine, m.max_len, m.k_max)
         if self.draft_loaded and threading.get_ident() not in self._draft_captured:
             runs += pre.precapture_draft(self.draft().engine, m.max_len, m.k_max)

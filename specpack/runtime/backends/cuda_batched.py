@@ -16,8 +16,10 @@ acceptance BatchedTarget's / BatchedGreedyTarget's (the same code as the cpu bac
                   shape's CUDA graph captured on its first runs and replayed after (`_run_fixed`); other runs
                   (prefills, catch-ups, batches with a sampling row) uncaptured, their host arrays copied to device
                   buffers of the run where a session of these caches captures (`staged`)
-    q             a sampling row drafted on its own slot (DeviceDraft) has its q on the device: read back into the
-                  batched verify's host draft_probs (DeviceDraft.host_q, [1, k_max, V] fp32 per sampling row per step)
+    q             a sampling row drafted on its own slot (DeviceDraft) has its q on the device, in one [slots, k_max,
+                  V] buffer: a run whose sampling rows are all the model's binds draft_probs to rows [lo, hi) of it in
+                  place (K = k_max; batched_verify.py, `q_rows`); one with a deterministic sampling proposal (one-hot
+                  q, built on the host) reads the model rows' q back (DeviceDraft.host_q) into a host draft_probs
 
 Sessions (CudaBackend.open_session; cache writes widened per element): the draft's batched graph (its argmax head has
 no control flow) captured, its K + 1 from shapes (graphs/batched_fixed_rows.py: as exported it is max k_b + 1, a device
@@ -45,7 +47,7 @@ from specpack.runtime.device_buffers import DeviceArray, DeviceView, bind
 from specpack.runtime.state import DecodeState, Proposal
 
 if TYPE_CHECKING:
-    from specpack.runtime.backends.cuda import CudaBackend, DeviceSession
+    from specpack.runtime.backends.cuda import CudaBackend, DeviceDraft, DeviceSession
 
 
 class DeviceCaches:
@@ -193,7 +195,8 @@ def open_device_batched(backend: CudaBackend, max_batch: int) -> BatchedEngines 
                                          greedy_form_of=batched_plain_form)
         return partial(DeviceCaches, session, device=backend.device, greedy_session=greedy, plain_session=plain)
 
-    return open_batched(backend.manifest, max_batch, open_graph, partial(_draft_q, backend))
+    return open_batched(backend.manifest, max_batch, open_graph, partial(_draft_q, backend),
+                        partial(_draft_q_rows, backend))
 
 
 def _without(entry: ModelEntry, dropped: tuple[str, ...]) -> ModelEntry:
@@ -203,7 +206,25 @@ def _without(entry: ModelEntry, dropped: tuple[str, ...]) -> ModelEntry:
 
 
 def _draft_q(backend: CudaBackend, state: DecodeState, proposal: Proposal) -> np.ndarray:
-    """A sampling row's q, drafted on its own slot by the backend's draft model, as host rows [k, V]."""
+    """A sampling row's q, drafted on its own slot by the backend's draft model, as host rows [k, V] (a batch that
+    also holds a deterministic sampling proposal, whose one-hot q is built on the host)."""
+    return _draft_engine(backend, proposal).host_q(state.slot, proposal.q, proposal.k)  # type: ignore[arg-type]
+
+
+def _draft_q_rows(backend: CudaBackend, lo: int, hi: int, rows: list[tuple[DecodeState, Proposal]]) -> DeviceView:
+    """Slots [lo, hi)'s q rows in the draft model's buffer, in place ([hi - lo, k_max, V]), once each sampling row's
+    q is checked to be its own slot's rows (its drafts there, rows [0, k_b))."""
+    engine = None
+    for state, proposal in rows:
+        engine = _draft_engine(backend, proposal)
+        engine.check_q(state.slot, proposal.q)  # type: ignore[arg-type]
+    if engine is None:
+        raise SpecpackError("internal: q rows asked for a batch without sampling rows", expected="a sampling row",
+                            found="none")
+    return engine.q_rows(lo, hi)
+
+
+def _draft_engine(backend: CudaBackend, proposal: Proposal) -> DeviceDraft:
     from specpack.runtime.backends.cuda import DeviceDraft
 
     engine = backend.draft().engine
@@ -211,4 +232,4 @@ def _draft_q(backend: CudaBackend, state: DecodeState, proposal: Proposal) -> np
         raise SpecpackError("the batched verify reads q from the draft model's buffers", expected="a draft model "
                             "pack (drafter model or ngram)", found=f"{type(engine).__name__}, q {type(proposal.q).__name__}",
                             hint="docs/batching.md: head packs are not exported with --max-batch")
-    return engine.host_q(state.slot, proposal.q, proposal.k)
+    return engine

@@ -50,11 +50,12 @@ verifies, max_batch 1) the chains above again, on its own thread before its firs
               below the engines' slots, and the slots), K in 0 .. k_max drafts at most a row (uniforms [B, K + 1]) over
               S = max(MIN_WIDTH, K + 1) new tokens a row, and K = 0 over S in MIN_WIDTH + 1 .. k_max + 1 (prefills
               proper of a prompt's last few tokens); the same shapes on its plain form (graphs/batched_plain_form.py)
-              where the backend opened one, by a temperature-only sampling row
+              where the backend opened one, by a temperature-only sampling row (K = k_max: batched_verify.py), with
+              a host one-hot q and with the draft model's q in place (two bindings per shape)
     draft     the batched draft's graph over the same spans, S in MIN_WIDTH .. k_max + 1 (its decode steps and short
               catch-ups)
 
-At 64 slots and k_max 8: 7 spans x (16 target + 16 plain + 8 draft) shapes (560 runs), not measured on a GPU.
+At 64 slots and k_max 8: 7 spans x (16 target + 32 plain + 8 draft) shapes (784 runs), not measured on a GPU.
 Per slot, only the greedy form is pre-captured (a plain sampling request's per-slot shapes are captured on first use);
 runs of the graphs as exported are never captured. The rows written are garbage and dropped: each slot's
 caches are empty afterwards, as at load (the features cache of a head pack holds garbage rows, as after any request:
@@ -63,7 +64,8 @@ the verify writes a row's features before the head reads it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -272,24 +274,29 @@ def batched_spans(slots: int) -> list[int]:
     return sorted({*(1 << n for n in range(slots.bit_length()) if 1 << n < slots), slots})
 
 
-def precapture_batched(target: BatchedRuns, drafter: BatchedGreedyDrafter | None, max_len: int, k_max: int) -> int:
+def precapture_batched(target: BatchedRuns, drafter: BatchedGreedyDrafter | None, max_len: int, k_max: int,
+                       q_of: Callable[[DecodeState, int], Any] | None = None) -> int:
     """Runs every decode step shape of the batched engines CAPTURE_RUNS times (module docstring): a greedy verify of
     K drafts, the same by a temperature-only sampling row where the verify graph has a plain form (its deterministic
-    proposal's one-hot q: graphs/batched_plain_form.py), and the draft's S fed tokens, by one dummy row in the span's
-    last slot (the others pad rows, as in a step); every slot's cached length is 0 again afterwards. Returns the runs."""
+    proposal's one-hot q, and with q_of (the draft model's q rows of a slot: DeviceDraft.q) a q in place, as the
+    model's sampling rows run: graphs/batched_plain_form.py, batched_verify.py), and the draft's S fed tokens, by one
+    dummy row in the span's last slot (the others pad rows, as in a step); every slot's cached length is 0 again
+    afterwards. Returns the runs."""
     runs = 0
-    modes = [SamplingParams()]
+    # (params, whether q is in place): greedy; a deterministic sampling proposal's host q; a model's q in place
+    modes: list[tuple[SamplingParams, bool]] = [(SamplingParams(), False)]
     if getattr(target.caches, "plain_session", None) is not None:
-        modes.append(SamplingParams(1.0))
+        modes += [(SamplingParams(1.0), False), *([(SamplingParams(1.0), True)] if q_of is not None else [])]
     for span in batched_spans(target.slots):
         slot = span - 1
         # (uncached committed tokens, drafts): a verify of k drafts after one token runs k + 1 rows; a prefill of n
         verifies = [(1, k) for k in range(k_max + 1)] + [(n, 0) for n in range(MIN_WIDTH + 1, k_max + 2)]
-        for params in modes:
+        for params, in_place in modes:
             state = _dummy_state(max_len, k_max, slot, params)
             for length, k in verifies:
                 state.length = length
-                proposal = Proposal(tokens=state.ids[length : length + k], q=None)
+                q = q_of(state, k) if in_place and q_of is not None else None
+                proposal = Proposal(tokens=state.ids[length : length + k], q=q)
                 for _ in range(CAPTURE_RUNS):
                     target.lengths[slot] = 0
                     target.verify_rows([(state, proposal)])
