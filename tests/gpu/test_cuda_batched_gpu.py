@@ -11,6 +11,8 @@ where the CUDA execution provider is missing; run on the test GPU.
              how many shapes each captured, and fails if a capture was refused (each session's `error`). The batcher
              captures every decode step shape on its own thread before its first step (CUDA graphs are kept per
              thread: Backend.precapture_thread), so the requests run no warm-up run.
+    sampling greedy and temperature-only sampling rows on the verify graph's plain form, captured, the model rows' q
+             in place; first differences from the lone runs printed
 """
 
 from __future__ import annotations
@@ -63,3 +65,44 @@ def test_fp16_batched_greedy_requests_get_their_lone_tokens_on_the_gpu(tiny_expo
     assert len(captured) == 2
     assert before > 0 and during == 0, (before, during)
     assert target.runs.count(SLOTS) > len(target.runs) // 3
+
+
+def test_fp16_batched_sampling_rows_run_captured_on_the_plain_form(tiny_export) -> None:  # type: ignore[no-untyped-def]
+    """Greedy and temperature-only sampling rows (the model's drafts, q in place; one n-gram row, a host one-hot q)
+    through the batcher on the GPU: the verify graph's plain form (graphs/batched_plain_form.py) captures its shapes
+    with no refusal and serves those batches, the model rows' q bound in place; each request's first difference from
+    its lone run is printed (informative: fp16 kernels of another shape may round apart, and a sampled token follows
+    its uniforms from there)."""
+    from specpack.runtime.backends.cuda_batched import DeviceCaches
+
+    pack_dir = tiny_export("qwen2", "noisy", k=4, dtype="fp16", kv_cache="static", attention="standard",
+                           max_batch=SLOTS)
+    rng = np.random.default_rng(8)
+    kinds: list[dict[str, object]] = [{"k": 2}, {"k": 3, "temperature": 0.8, "seed": 1},
+                                      {"k": None, "temperature": 1.0, "seed": 2},
+                                      {"k": 2, "temperature": 0.9, "seed": 3, "drafter": "ngram"}]
+    with specpack.load(pack_dir, device="cuda") as alone:
+        vocab = alone.manifest.vocab_size
+        requests = [GenerateRequest.of(rng.integers(0, vocab - 8, 6 + 4 * i).tolist(), 32, **kind)  # type: ignore[arg-type]
+                    for i, kind in enumerate(kinds)]
+        lone = [alone.generate_request(r).tokens for r in requests]
+    with specpack.load(pack_dir, device="cuda", options=BackendOptions(slots=SLOTS)) as pack:
+        batcher = pack.start_batching(batch_policy=NoCap())
+        target = batcher.scheduler.verifier
+        assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
+        assert batcher.prepared.wait(300) and batcher.broken is None, batcher.broken
+        in_place: list[int] = []
+        real_rows = target.q_rows
+        assert real_rows is not None
+        target.q_rows = lambda lo, hi, rows: (in_place.append(hi - lo), real_rows(lo, hi, rows))[1]
+        tokens = [h.result(timeout=300).tokens for h in [pack.submit(r) for r in requests]]
+        plain = target.caches.plain_session
+        assert plain is not None
+        captured = (plain.graphs_captured, plain.capture, plain.error)
+    first_difference = [next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+                        for got, want in zip(tokens, lone, strict=True)]
+    print(f"batched fp16 sampling rows on {ort.get_device()}: plain form (shapes, capture, refusal) {captured}; runs "
+          f"with q in place {len(in_place)}; first difference per request from its lone run {first_difference}")
+    assert all(len(t) > 0 for t in tokens)
+    assert captured[0] > 0 and captured[1] and captured[2] is None, captured
+    assert in_place, "no batched run bound the model rows' q in place"
