@@ -27,7 +27,7 @@ value, which no CUDA graph replays); the target's batched verify graph as export
 over rows with the sampling If inside), its greedy form (graphs/batched_greedy_form.py), captured, for the decode
 steps whose rows are all greedy, and its plain form (graphs/batched_plain_form.py), captured, for those whose rows are
 greedy or sample without top-k / top-p (CudaBackend.batched_greedy opens both, by default where the backend captures:
-the target's weights twice more on the device; the plain form's shapes are captured on first use, not pre-captured).
+the target's weights twice more on the device; the batcher pre-captures both: backends/cuda_precapture.py).
 A capture ONNX Runtime refuses turns that session's capture off (`error` says why).
 """
 
