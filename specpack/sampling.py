@@ -14,6 +14,8 @@ import numpy as np
 from specpack import names
 from specpack.errors import SpecpackError
 
+FP32_BELOW_ONE = 1.0 - 2.0**-25  # a top_p below it is < 1 in fp32 (from 1 - 2^-25 up, round to nearest gives 1.0)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -44,7 +46,7 @@ class SamplingParams:
         """Whether top-k or top-p keeps fewer than the whole vocabulary, as the graphs read them (sampling_graph.transform:
         0 < top_k < V, or top_p < 1 in fp32). A sampling request that filters nothing runs on a device backend's plain
         sampling form (graphs/sampling_form.py)."""
-        return 0 < self.top_k < vocab or bool(np.float32(self.top_p) < np.float32(1.0))
+        return 0 < self.top_k < vocab or self.top_p < FP32_BELOW_ONE  # per row per step: plain floats, no numpy
 
     def graph_inputs(self) -> dict[str, np.ndarray]:
         """The sampling inputs of both graphs (names.py), from these parameters and nothing else."""

@@ -17,13 +17,20 @@ where the CUDA execution provider is missing; run on the test GPU.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
 import numpy as np
 import pytest
 
 import specpack
 from specpack.runtime.backend import BackendOptions
+from specpack.runtime.backends.cuda_batched import DeviceCaches
 from specpack.runtime.batch_k import NoCap
 from specpack.runtime.batched_verify import BatchedTarget
+from specpack.runtime.pack import Pack
 from specpack.runtime.request import GenerateRequest
 
 ort = pytest.importorskip("onnxruntime")
@@ -33,30 +40,49 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif("CUDAExecutionProvider" not in
 SLOTS = 4
 
 
-def test_fp16_batched_greedy_requests_get_their_lone_tokens_on_the_gpu(tiny_export) -> None:  # type: ignore[no-untyped-def]
-    from specpack.runtime.backends.cuda_batched import DeviceCaches
+def _pack(tiny_export: Any) -> Path:
+    """A tiny fp16 pack with --max-batch SLOTS (static cache, standard attention: the batched form's attention)."""
+    return tiny_export("qwen2", "noisy", k=4, dtype="fp16", kv_cache="static", attention="standard", max_batch=SLOTS)
 
-    pack_dir = tiny_export("qwen2", "noisy", k=4, dtype="fp16", kv_cache="static", attention="standard",
-                           max_batch=SLOTS)
+
+def _lone(pack_dir: Path, kinds: list[dict[str, object]], seed: int) -> tuple[list[GenerateRequest], list[list[int]]]:
+    """One request per kind (random prompts of 6, 10, 14, ... tokens, 32 new tokens), and each one's tokens alone
+    through the pack's batch-1 graphs on the GPU."""
     with specpack.load(pack_dir, device="cuda") as alone:
         vocab = alone.manifest.vocab_size
-        rng = np.random.default_rng(7)
-        requests = [GenerateRequest.of(rng.integers(0, vocab - 8, 6 + 4 * i).tolist(), 32, k=k)
-                    for i, k in enumerate((0, 2, 4, None))]
-        lone = [alone.generate_request(r).tokens for r in requests]
+        rng = np.random.default_rng(seed)
+        requests = [GenerateRequest.of(rng.integers(0, vocab - 8, 6 + 4 * i).tolist(), 32, **kind)  # type: ignore[arg-type]
+                    for i, kind in enumerate(kinds)]
+        return requests, [alone.generate_request(r).tokens for r in requests]
+
+
+@contextmanager
+def _batching(pack_dir: Path) -> Iterator[tuple[Pack, BatchedTarget, DeviceCaches, Any]]:
+    """The pack on SLOTS slots, batching (no cap on k) once the batcher's thread captured its shapes: (pack, its
+    batched verify, that verify's device caches, the batcher)."""
     with specpack.load(pack_dir, device="cuda", options=BackendOptions(slots=SLOTS)) as pack:
         batcher = pack.start_batching(batch_policy=NoCap())
         target = batcher.scheduler.verifier
         assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
         assert batcher.prepared.wait(300) and batcher.broken is None, batcher.broken
+        yield pack, target, target.caches, batcher
+
+
+def _first_differences(tokens: list[list[int]], lone: list[list[int]]) -> list[int | None]:
+    return [next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
+            for got, want in zip(tokens, lone, strict=True)]
+
+
+def test_fp16_batched_greedy_requests_get_their_lone_tokens_on_the_gpu(tiny_export: Any) -> None:
+    requests, lone = _lone(_pack(tiny_export), [{"k": k} for k in (0, 2, 4, None)], seed=7)
+    with _batching(_pack(tiny_export)) as (pack, target, caches, batcher):
         before = pack.backend.warmup_runs()
         tokens = [h.result(timeout=300).tokens for h in [pack.submit(r) for r in requests]]
         during = pack.backend.warmup_runs() - before
-        draft = batcher.scheduler.row_drafter.engine.caches  # type: ignore[union-attr]
-        sessions = {"verify greedy form": target.caches.greedy_session, "draft": draft.session}
+        draft = batcher.scheduler.row_drafter.engine.caches
+        sessions = {"verify greedy form": caches.greedy_session, "draft": draft.session}
         captured = {label: (s.graphs_captured, s.error) for label, s in sessions.items() if s is not None}
-    first_difference = [next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-                        for got, want in zip(tokens, lone, strict=True)]
+    first_difference = _first_differences(tokens, lone)
     print(f"batched fp16 on {ort.get_device()}: verify runs {len(target.runs)}, rows per run {sorted(set(target.runs))}, "
           f"first difference per request {first_difference}; captured (shapes, refusal) {captured}; warm-up runs "
           f"before the requests {before}, during them {during}")
@@ -67,42 +93,33 @@ def test_fp16_batched_greedy_requests_get_their_lone_tokens_on_the_gpu(tiny_expo
     assert target.runs.count(SLOTS) > len(target.runs) // 3
 
 
-def test_fp16_batched_sampling_rows_run_captured_on_the_plain_form(tiny_export) -> None:  # type: ignore[no-untyped-def]
+def test_fp16_batched_sampling_rows_run_captured_on_the_plain_form(tiny_export: Any) -> None:
     """Greedy and temperature-only sampling rows (the model's drafts, q in place; one n-gram row, a host one-hot q)
     through the batcher on the GPU: the verify graph's plain form (graphs/batched_plain_form.py) captures its shapes
     with no refusal and serves those batches, the model rows' q bound in place; each request's first difference from
     its lone run is printed (informative: fp16 kernels of another shape may round apart, and a sampled token follows
     its uniforms from there)."""
-    from specpack.runtime.backends.cuda_batched import DeviceCaches
-
-    pack_dir = tiny_export("qwen2", "noisy", k=4, dtype="fp16", kv_cache="static", attention="standard",
-                           max_batch=SLOTS)
-    rng = np.random.default_rng(8)
     kinds: list[dict[str, object]] = [{"k": 2}, {"k": 3, "temperature": 0.8, "seed": 1},
                                       {"k": None, "temperature": 1.0, "seed": 2},
                                       {"k": 2, "temperature": 0.9, "seed": 3, "drafter": "ngram"}]
-    with specpack.load(pack_dir, device="cuda") as alone:
-        vocab = alone.manifest.vocab_size
-        requests = [GenerateRequest.of(rng.integers(0, vocab - 8, 6 + 4 * i).tolist(), 32, **kind)  # type: ignore[arg-type]
-                    for i, kind in enumerate(kinds)]
-        lone = [alone.generate_request(r).tokens for r in requests]
-    with specpack.load(pack_dir, device="cuda", options=BackendOptions(slots=SLOTS)) as pack:
-        batcher = pack.start_batching(batch_policy=NoCap())
-        target = batcher.scheduler.verifier
-        assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
-        assert batcher.prepared.wait(300) and batcher.broken is None, batcher.broken
+    requests, lone = _lone(_pack(tiny_export), kinds, seed=8)
+    with _batching(_pack(tiny_export)) as (pack, target, caches, _):
         in_place: list[int] = []
         real_rows = target.q_rows
         assert real_rows is not None
-        target.q_rows = lambda lo, hi, rows: (in_place.append(hi - lo), real_rows(lo, hi, rows))[1]
+
+        def counted(lo: int, hi: int, rows: Any) -> Any:
+            in_place.append(hi - lo)
+            return real_rows(lo, hi, rows)
+
+        target.q_rows = counted
         tokens = [h.result(timeout=300).tokens for h in [pack.submit(r) for r in requests]]
-        plain = target.caches.plain_session
+        plain = caches.plain_session
         assert plain is not None
         captured = (plain.graphs_captured, plain.capture, plain.error)
-    first_difference = [next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), None)
-                        for got, want in zip(tokens, lone, strict=True)]
     print(f"batched fp16 sampling rows on {ort.get_device()}: plain form (shapes, capture, refusal) {captured}; runs "
-          f"with q in place {len(in_place)}; first difference per request from its lone run {first_difference}")
+          f"with q in place {len(in_place)}; first difference per request from its lone run "
+          f"{_first_differences(tokens, lone)}")
     assert all(len(t) > 0 for t in tokens)
     assert captured[0] > 0 and captured[1] and captured[2] is None, captured
     assert in_place, "no batched run bound the model rows' q in place"

@@ -73,6 +73,8 @@ def test_the_verify_head_plain_form_matches_the_head(tmp_path) -> None:  # type:
     (0.7, 99, 1.0, False),
     (0.7, 0, 0.999, False),
     (0.7, 0, 1.0 - 1e-9, True),  # rounds to 1.0 in fp32, as the graph reads it
+    (0.7, 0, 1.0 - 2.0**-25, True),  # the midpoint: to even, 1.0
+    (0.7, 0, 1.0 - 2.0**-24, False),  # the float32 just below 1
 ])
 def test_which_requests_the_plain_form_serves(temperature: float, top_k: int, top_p: float, plain: bool) -> None:
     params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)

@@ -50,6 +50,8 @@ PROMPT = "def add(a, b):"
 SAMPLES, P_FAIL = 600, 1e-3
 SIZES = [SAMPLES, pytest.param(3_000, marks=pytest.mark.slow)]  # the slow set: the same streams at 5x
 STREAMS = [(SamplingParams(1.0), 1), (SamplingParams(0.5), 2), (SamplingParams(1.0, top_k=5), 3)]  # (params, k)
+# the batched verify's plain form serves temperature-only rows (graphs/batched_plain_form.py)
+PLAIN_STREAMS = [(SamplingParams(1.0), 1), (SamplingParams(0.5), 2), (SamplingParams(0.8), 3)]
 
 
 @pytest.fixture(scope="module")
@@ -159,14 +161,19 @@ def exact(tiny_pack, alone: Pack) -> PartitionFor:  # type: ignore[no-untyped-de
 
 
 def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together: bool = False,
-                 swapped: bool = False) -> list[list[tuple[int, ...]]]:
-    """n generations per stream (STREAMS), submitted round-robin to one scheduler over BatchedTarget: rows of different
+                 swapped: bool = False, streams: list[tuple[SamplingParams, int]] = STREAMS
+                 ) -> list[list[tuple[int, ...]]]:
+    """n generations per `streams` stream, submitted round-robin to one scheduler over BatchedTarget: rows of different
     settings and k verify together. Each generation has its own seed, asks k + 2 tokens, and leaves as soon as its
     tokens fix its bin (a halted row: the scheduler's leave phase). together: the joining rows' prefills in one run
     (Scheduler.row_prefill, as on a GPU), so their first tokens are drawn in one run; swapped (a planted defect):
-    that run's results handed to its rows in reverse order."""
+    that run's results handed to its rows in reverse order. A graph without top_k / top_p inputs (the plain form)
+    is handed the others only, as DeviceCaches binds a form's own inputs."""
     m, prompt = pack.manifest, pack.encode(PROMPT)
     target = engine(graph, pack)
+    wanted, run = target.caches.input_names, target.caches.run
+    target.caches.run = lambda inputs, outputs, **kw: run({k: v for k, v in inputs.items() if k in wanted},  # type: ignore[method-assign]
+                                                          outputs, **kw)
     if swapped:
         verify_rows = target.verify_rows
 
@@ -176,13 +183,13 @@ def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together:
             return results[::-1] if first else results
 
         target.verify_rows = reversed_prefills  # type: ignore[method-assign]
-    out: list[list[tuple[int, ...]]] = [[] for _ in STREAMS]
+    out: list[list[tuple[int, ...]]] = [[] for _ in streams]
     with pack.exclusive():
         drafter = pack.drafters["model"]
 
         def open_row(job: tuple[int, int], slot: int) -> Row[tuple[int, int]]:
             s, i = job
-            params, k = STREAMS[s]
+            params, k = streams[s]
             part = exact(params, k + 2, n)
             state = DecodeState.start(prompt, k + 2, params, Uniforms(params, m.k_max, seed=1000 * s + i),
                                       eos_ids=pack.eos_ids, max_len=m.max_len, k_max=m.k_max, stats=DecodeStats(k=k),
@@ -203,7 +210,7 @@ def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together:
         scheduler = Scheduler(SchedulerConfig(max_batch=SLOTS), target, open_row, finish_row, target,
                               batch_policy=NoCap(), row_prefill=target if together else None)
         for i in range(n):
-            for s in range(len(STREAMS)):
+            for s in range(len(streams)):
                 scheduler.add((s, i))
         while not scheduler.idle:
             scheduler.step()
@@ -212,9 +219,10 @@ def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together:
     return out
 
 
-def pvalues(samples: list[list[tuple[int, ...]]], exact: PartitionFor, n: int) -> list[float]:
+def pvalues(samples: list[list[tuple[int, ...]]], exact: PartitionFor, n: int,
+            streams: list[tuple[SamplingParams, int]] = STREAMS) -> list[float]:
     ps = []
-    for (params, k), continuations in zip(STREAMS, samples, strict=True):
+    for (params, k), continuations in zip(streams, samples, strict=True):
         part = exact(params, k + 2, n)
         ps.append(chi_square_pvalue([part.bin_of(c) for c in continuations], part.probs))
     return ps
@@ -247,6 +255,35 @@ def test_prefills_together_with_their_first_tokens_swapped_fail_it(graph: Path, 
     print(f"first tokens swapped: p = {ps}")
     assert min(ps) < P_FAIL
 
+
+
+def plain_form(graph: Path) -> Path:
+    """The batched verify graph's plain form beside it (its weights in the same data file)."""
+    from specpack.graphs.batched_plain_form import batched_plain_form
+
+    out = graph.with_name(graph.stem + "_plain.onnx")
+    out.write_bytes(batched_plain_form(graph))
+    return out
+
+
+@pytest.mark.parametrize("counts_ignored", [False, True], ids=["plain-form", "plain-form-draft-counts-ignored"])
+def test_the_plain_form_keeps_each_requests_distribution(batched_plain: Path, graph: Path, slots_pack: Pack,
+                                                         exact: PartitionFor, tmp_path: Path,
+                                                         counts_ignored: bool) -> None:
+    """The batched verify's plain form (what a device runs for batches of greedy and temperature-only rows): the same
+    chi-square per stream, PLAIN_STREAMS mixed in one scheduler; and the plain form of a head built with the
+    `draft_counts_ignored` defect (every row verifies K drafts: pad drafts, q and uniforms read as its own) fails it."""
+    source = graph
+    if counts_ignored:
+        with batched_head_mutation("draft_counts_ignored"):
+            source = verify_graph(batched_plain, tmp_path, slots_pack.manifest.vocab_size)
+    ps = pvalues(draw_streams(slots_pack, plain_form(source), exact, SAMPLES, streams=PLAIN_STREAMS), exact, SAMPLES,
+                 PLAIN_STREAMS)
+    print(f"plain form, draft counts ignored {counts_ignored}: p = {ps}")
+    if counts_ignored:
+        assert min(ps) < P_FAIL
+    else:
+        assert min(ps) > P_FAIL
 
 
 # ------------------------------------------------------------------------------------------- into the pack

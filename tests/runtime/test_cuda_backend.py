@@ -17,6 +17,7 @@ from specpack.runtime.backend import BackendOptions
 from specpack.runtime.backends.cuda import CudaBackend
 from specpack.runtime.pack import Pack
 from specpack.runtime.tokenizer import PackTokenizer
+from specpack.sampling import SamplingParams
 
 
 def device_pack(pack_dir: Path, slots: int = 1, chunked_runs: bool = False, pad_single_steps: bool = True,
@@ -184,3 +185,39 @@ def test_the_plain_sampling_forms_read_no_host_value_as_data(static_pack: Path) 
         path = static_pack / name
         assert host_values_in_data(onnx.load_from_string(greedy_form(path))) == [], name  # the baseline it matches
         assert host_values_in_data(onnx.load_from_string(plain_sampling_form(path))) == [], name
+
+
+@pytest.mark.parametrize("one_binding_for_every_row", [False, True], ids=["plain-form", "q-rows-share-a-binding"])
+def test_plain_sampling_keeps_the_targets_distribution(tiny_pack, monkeypatch: pytest.MonkeyPatch,
+                                                       one_binding_for_every_row: bool) -> None:
+    """The chi-square of tests/e2e/test_sampling_distribution.py against exact probabilities, through the cuda
+    backend's plain sampling form (temperature 0.4, k 3, the model's drafts), bound once per run shape as on a GPU; its
+    planted defect: the draft's plain runs keyed without their q row, so one binding (its q output row 0's view) serves
+    every draft of a step and the verify reads stale q rows: it fails the same test."""
+    from specpack.runtime.backends.cuda import DeviceDraft
+    from tests.distribution import chi_square_pvalue
+    from tests.e2e.test_sampling_distribution import P_FAIL, TargetLogits, draw_samples, partitions
+
+    pack_dir, _, target_dir = tiny_pack("qwen2", "noisy", kv_cache="static", attention="gqa", head_dim=16)
+    if one_binding_for_every_row:
+        real_run = DeviceDraft._run
+
+        def keyless(self, state, end, key, inputs, outputs, chunks=True):  # type: ignore[no-untyped-def]
+            plain = self.slots[state.slot].plain
+            return real_run(self, state, end, () if plain else key, inputs, outputs, chunks)
+
+        monkeypatch.setattr(DeviceDraft, "_run", keyless)
+    dev = device_pack(pack_dir)
+    params, k, n = SamplingParams(0.4), 3, 1_000  # peaked: bins reach past the first token
+    prompt = dev.encode("def add(a, b):")
+    part = partitions(TargetLogits(target_dir, prompt), dev.eos_ids)(params, k + 2, n)
+    samples = draw_samples(dev, dev.drafter, prompt, params, k, seed=17, n=n, decided=part.decided)
+    p = chi_square_pvalue([part.bin_of(s) for s in samples.continuations], part.probs)
+    draft = dev.backend.draft().engine  # type: ignore[attr-defined]
+    print(f"cuda backend (CPU EP), plain form, one binding for every q row {one_binding_for_every_row}: "
+          f"alpha {samples.alpha:.3f}, p = {p:.3g}")
+    assert "plain" in draft._sessions and draft.plain_error is None
+    if one_binding_for_every_row:
+        assert p < P_FAIL
+    else:
+        assert p > P_FAIL
