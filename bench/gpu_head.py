@@ -1,7 +1,7 @@
 """The draft head on the GPU in one device call after staging (bench/README.md, "The draft head on the GPU"):
 
     python bench/gpu_head.py --work /tmp/gw --target-gguf T.gguf --prompts HumanEval.jsonl.gz mt_bench_question.jsonl \\
-        [spec_bench_question.jsonl] --json OUT.json [--train-minutes 6] [--graphs torch|builder]
+        [spec_bench_question.jsonl] --json OUT.json [--train-minutes 6 | --train-steps N] [--graphs torch|builder]
         [--phases card,train,export,decode,specbench,genai,trees]
 
 train   `specpack distill --device cuda` on the target (default recipe: Python's standard library + the target's own
@@ -134,7 +134,9 @@ def phase_train(args: argparse.Namespace, result: dict[str, Any]) -> None:
     per_step = float(state["wall_s"]) / PROBE_STEPS
     if "trees" in args.phases.split(","):  # CPU-bound export beside the training (its own log), after the probe
         args.tree_export = start_tree_export(args)  # converted the GGUF: the two never convert it at once
-    steps = max(50, int(60 * args.train_minutes / per_step))
+    # the probe's steps include the first steps' warm-up: 199 / 229 ms a step against 132 / 137 ms in the training
+    # that followed (Runs I and J, H100), so --train-minutes gets about 0.6 of its minutes; --train-steps sets them
+    steps = args.train_steps or max(50, int(60 * args.train_minutes / per_step))
     log(f"probe: {time.perf_counter() - t0:.0f} s in all, {per_step * 1e3:.0f} ms a step -> {steps} steps")
     (head / "ckpt").mkdir(parents=True, exist_ok=True)
     for name in CORPUS_FILES:
@@ -597,6 +599,7 @@ def main() -> None:
     parser.add_argument("--prompts", nargs="+", required=True)
     parser.add_argument("--json", required=True)
     parser.add_argument("--train-minutes", type=float, default=6.0)
+    parser.add_argument("--train-steps", type=int, default=0, help="the training's steps (0: from --train-minutes)")
     parser.add_argument("--data", default="--self-prompts 1024 --self-instruct 4096 --stdlib-tokens 1000000 "
                                           "--generation-batch 256",
                         help="the distill data options (the first runs: --self-prompts 512 --stdlib-tokens 2000000)")

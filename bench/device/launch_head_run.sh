@@ -2,7 +2,7 @@
 # On the device machine, after the last part is unpacked: copy this repository to /tmp/repo (later calls replace the
 # working tree) and start, in the background, bench/gpu_head.py (log /tmp/gw/log, JSON /tmp/gw/out.json), then, once
 # it has ended, the GPU tests (GPU_TESTS=1; log /tmp/gw/gputests.log): never beside the benchmark, whose timings the
-# tests' runs would spoil (bench/README.md, "Run E"). Environment: PHASES, TRAIN_MINUTES, DATA, GRAPHS, TREE_GRAPHS
+# tests' runs would spoil (bench/README.md, "Run E"). Environment: PHASES, TRAIN_MINUTES, TRAIN_STEPS, DATA, GRAPHS, TREE_GRAPHS
 # (gpu_head.py's options). The head staged by stage_head_run.sh's HEAD_DIR becomes WORK/head: the phases before a
 # `train` run on it (train moves it to WORK/head-staged).
 # GPU_BATCHED=1: after gpu_head.py (never beside it), bench/gpu_batched.py (the batched load benchmark in process: its
@@ -29,7 +29,7 @@ python3 -c 'import onnxruntime as o, torch; print(o.__version__, o.get_available
 nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 head_run=(python3 bench/gpu_head.py --work /tmp/gw --target-gguf "$gguf"
   --prompts "$prompts/HumanEval.jsonl.gz" "$prompts/mt_bench_question.jsonl" "$prompts/spec_bench_question.jsonl"
-  --json /tmp/gw/out.json --train-minutes "${TRAIN_MINUTES:-6}" --graphs "${GRAPHS:-builder}"
+  --json /tmp/gw/out.json --train-minutes "${TRAIN_MINUTES:-6}" --train-steps "${TRAIN_STEPS:-0}" --graphs "${GRAPHS:-builder}"
   --tree-graphs "${TREE_GRAPHS:-builder}" --phases "${PHASES:-card,train,export,decode,genai}" ${DATA:+--data "$DATA"}
   ${draft:+--draft-gguf "$draft"})
 head=true

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from specpack.errors import SpecpackError
 
 DEVICES = ("cpu", "cuda")
 DEFAULT_SUBSET = 32_768  # FR-Spec / EAGLE-3 size for a ~150k vocabulary (docs/design/heads_and_trees.md §3.4)
+# The default recipe on a GPU (`for_device("cuda")`; the dataclass's own defaults are the CPU's, sized for the tiny test
+# models): about 20 minutes on an H100 for the 1.5B target, from rates measured there (bench/README.md, "Data
+# generation's attention, and Run J"): 16,384 self-instruct requests and 1,024 seed prompts answered 1,024 at a time
+# (20.6 k new tokens/s sampled; cache 28 layers x K,V x 2 heads x 128 x 2 B = 28 KiB a token, so about 13 GB at 1,024
+# rows of ~200 prompt + 256 answer tokens, by arithmetic; 9.9 GiB peak measured at 48 new tokens), about 6 M tokens with
+# the stdlib text, in about 8 minutes; 4,000 steps of 8 windows at 137 ms, about 9 minutes (Run I's head took about
+# 5,400 over 8.6 M tokens).
+CUDA_RECIPE: dict[str, int] = {"steps": 4_000, "batch": 8, "self_prompts": 1_024, "self_instruct": 16_384,
+                               "generation_batch": 1_024}
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class DistillConfig:
     self_prompts: int = 256            # default recipe: prompts written from seed_prompts.py's templates
     self_instruct: int = 1024          # default recipe: requests the target writes itself, then answers (self_instruct.py)
     answer_tokens: int = 256           # new tokens the target writes per prompt
-    generation_batch: int = 32         # prompts the target answers at once (a GPU answers 128 at about the cost of 32)
+    generation_batch: int = 32         # prompts the target answers at once (CUDA_RECIPE's on a GPU)
     checkpoint_every: int = 200        # steps between checkpoints (and at the end, and at max_minutes)
     log_every: int = 10                # steps between loss-curve points
     max_minutes: float | None = None   # stop (with a checkpoint) after this long; run again to resume
@@ -64,6 +74,11 @@ class DistillConfig:
             raise SpecpackError("invalid --stop-at", expected="an integer >= 1", found=repr(self.stop_at))
         if self.max_minutes is not None and not self.max_minutes > 0:
             raise SpecpackError("invalid --max-minutes", expected="a number > 0", found=repr(self.max_minutes))
+
+    @classmethod
+    def for_device(cls, device: str, **given: Any) -> DistillConfig:
+        """The settings `given`, the rest the device's defaults (CUDA_RECIPE on a GPU, the dataclass's elsewhere)."""
+        return cls(device=device, **{**(CUDA_RECIPE if device == "cuda" else {}), **given})
 
     def record(self) -> dict[str, object]:
         """What the head's record keeps of the settings (the ones that change the result)."""

@@ -96,6 +96,7 @@ def recipe(config: DistillConfig) -> dict[str, Any]:
             "self_instruct": config.self_instruct, "answer_tokens": config.answer_tokens,
             "answers": f"half greedy, half sampled at T {SAMPLED_TEMPERATURE}",
             "generation_batch": config.generation_batch,  # the sampled answers' seeds follow the batches
+            "generation_attention": "grouped decode (specpack/distill/grouped_attention.py)",
             "seed_templates_sha256": templates_sha256(),
             "self_instruct_templates_sha256": self_instruct.templates_sha256(),
             "requests": f"sampled at T {self_instruct.REQUEST_TEMPERATURE}, up to {self_instruct.REQUEST_TOKENS} tokens",
@@ -283,9 +284,16 @@ def generate(model: Any, prompts: list[list[int]], new_tokens: int, temperature:
         attention[row, width - len(p):] = 1
     options = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature is not None \
         else {"do_sample": False}
-    with torch.no_grad():
-        out = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device), max_new_tokens=new_tokens,
-                             min_new_tokens=1, pad_token_id=eos, eos_token_id=eos, **options)
+    try:
+        with torch.no_grad():
+            out = model.generate(input_ids=ids.to(device), attention_mask=attention.to(device),
+                                 max_new_tokens=new_tokens, min_new_tokens=1, pad_token_id=eos, eos_token_id=eos, **options)
+    except torch.OutOfMemoryError as error:
+        raise SpecpackError("out of GPU memory while the target wrote training data",
+                            expected=f"{len(prompts)} prompts of up to {width} tokens answered at once "
+                                     f"(up to {new_tokens} new tokens each)",
+                            found=str(error).splitlines()[0],
+                            hint="lower --generation-batch (the cache grows with it)") from error
     answers = []
     for row in out[:, width:].tolist():
         answers.append(row[: row.index(eos)] if eos in row else row)

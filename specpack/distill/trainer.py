@@ -29,6 +29,7 @@ import numpy as np
 from specpack.distill.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from specpack.distill.config import DistillConfig
 from specpack.distill.data import Corpus, build_corpus, recipe
+from specpack.distill.grouped_attention import use_grouped_decode
 from specpack.distill.subset import coverage, frequency_subset
 from specpack.distill.warm_start import describe, warm_start
 from specpack.errors import SpecpackError
@@ -66,6 +67,7 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
     target_sha = target_weights_sha256(target)
     if config.device == "cuda":
         target = target.to("cuda", torch.bfloat16)
+    use_grouped_decode(target)  # the data's generation: no key/value head copies per decode step
     tokenizer = AutoTokenizer.from_pretrained(target_dir)
     init = read_head(Path(config.init)) if config.init is not None else None  # checked as any head is read
     settings = {**config.record(), "recipe": recipe(config), "data": list(config.data),
