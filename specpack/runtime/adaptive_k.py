@@ -347,6 +347,16 @@ def _interpolate(known: list[tuple[int, float]], k: int, slope: float) -> float:
     return vb + rise * (k - kb)
 
 
+def highest_rate(accepted: list[float], times: list[float], low: int, high: int) -> tuple[int, float]:
+    """(k, rate) of the highest rate (1 + accepted[k]) / times[k] over k in low..high, the smaller k on a tie."""
+    best, best_rate = low, -1.0
+    for k in range(low, high + 1):
+        rate = (1.0 + accepted[k]) / times[k] if times[k] > 0 else float("inf")
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best, best_rate
+
+
 class AdaptiveK:
     """The KPolicy of `k="auto"`: the k of the highest expected tokens per unit time, within 0..k_max."""
 
@@ -438,12 +448,7 @@ class AdaptiveK:
         """The k in low..k_max of the highest estimated rate (the smaller on a tie)."""
         self.acceptance.expected_accepted(self._tokens)
         self.costs.step_times(self._times)
-        best, best_rate = low, -1.0
-        for k in range(low, self._k_max + 1):
-            rate = (1.0 + self._tokens[k]) / self._times[k] if self._times[k] > 0 else float("inf")
-            if rate > best_rate:
-                best, best_rate = k, rate
-        return best
+        return highest_rate(self._tokens, self._times, low, self._k_max)[0]
 
     def _neighbor(self, best: int) -> int:
         up, down = best < self._k_max, best > 0

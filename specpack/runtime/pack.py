@@ -208,7 +208,7 @@ class Pack:
                     pooled = self._tree_acceptance.setdefault(
                         drafter, TreeAcceptance(self.max_nodes, width, config, decay=config.pack_decay))
                 return TreePolicy(self.max_nodes, width, config, costs=costs, warmups=self.backend.warmup_runs,
-                                  pooled=pooled)
+                                  pooled=pooled, chain_max=self.manifest.k_max)
 
             return self._adaptive(drafter, params, seed, tree_policy, self.max_nodes)
         if k is not None:

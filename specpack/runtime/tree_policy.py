@@ -38,6 +38,13 @@ takes the smallest budget whose rate is within MARGIN (3 %) of the highest, the 
 tells budgets apart (a large tree rejected at its first node costs V(T) for one token; replayed on the CPU's int4
 costs, no margin lost 1-2 % against adaptive chains, 3 % broke even: docs/trees.md, "Measured"). Seeded sampling uses
 PriorCosts (pack.py), so the T schedule and the shapes follow acceptance alone, never the clock.
+Chains first (`chain_max`, a pack's k_max: it verifies chains too): the best chain of 0..chain_max drafts by the
+same rates (rank 0 alone) and costs is what adaptive k would take; a step drafts it as a chain (`state.tree` None:
+the chain's drafting and verify, no tree runs) unless the best tree's estimated rate is above the chain's by MARGIN,
+and then the smallest budget that is. The model prices a tree's drafting and verify as a chain's of as many nodes,
+which trees cost more than (their top-K read back, kv_compact after the verify): so a tree must win by more than a
+hair (measured on the CPU, docs/trees.md, "Tree size policy"; a table of the trees' own step times, tried, drafted
+less on the CPU, not kept).
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, Costs
+from specpack.runtime.adaptive_k import AdaptiveConfig, AdaptiveK, Costs, highest_rate
 from specpack.runtime.state import DecodeState, TreeShape, TreeStep
 
 CHAIN = TreeShape(width=1, depth=0)  # the shape of an empty budget
@@ -69,6 +76,7 @@ class TreeAcceptance:
         self.passed = np.zeros((nodes_max, max_width))   # [T_max, W] ... and the node accepted too
         self._age = 0                                     # steps since the counts last decayed
         self._tokens = [0.0] * (nodes_max + 1)            # [T_max+1] E[accepted | T], valid while _fresh
+        self._chain = [0.0] * (nodes_max + 1)             # [T_max+1] E[accepted | a chain of T], valid while _fresh
         self._shapes = [CHAIN] * (nodes_max + 1)          # [T_max+1] the best tree's shape, valid while _fresh
         self._fresh = False
 
@@ -125,6 +133,11 @@ class TreeAcceptance:
         self._update()
         out[:] = self._tokens
 
+    def chain_accepted(self, out: list[float]) -> None:
+        """out[T] = E[accepted | a chain of T drafts] (rank 0 alone: adaptive k's model), T in 0..T_max."""
+        self._update()
+        out[:] = self._chain
+
     def shape(self, nodes: int) -> TreeShape:
         """The best tree of `nodes` nodes: its width (1 + the highest sibling rank) and depth."""
         self._update()
@@ -135,6 +148,10 @@ class TreeAcceptance:
         if self._fresh:
             return
         a = self.rates()
+        product = 1.0
+        for t in range(1, self.nodes_max + 1):  # a chain: the path of first children
+            product *= a[t - 1][0]
+            self._chain[t] = self._chain[t - 1] + product
         frontier = [(-a[0][0], 0, 0, 1.0)]  # (-path product, depth - 1, rank, the parent's product): the first child
         total, width, depth = 0.0, 1, 0
         for t in range(1, self.nodes_max + 1):
@@ -152,30 +169,44 @@ class TreeAcceptance:
 
 class TreePolicy(AdaptiveK):
     """The KPolicy of `tree="auto"`: the node budget of the highest expected tokens per unit time (AdaptiveK over
-    budgets, TreeAcceptance's tokens), and `state.tree` set to the best tree's shape for it."""
+    budgets, TreeAcceptance's tokens), and `state.tree` set to the best tree's shape for it; or, with `chain_max`, a
+    chain as adaptive k would choose it (`state.tree` None: drafted and verified as a chain) unless a tree's estimated
+    rate beats the best chain's by the margin."""
 
     def __init__(self, nodes_max: int, max_width: int, config: AdaptiveConfig | None = None,
                  costs: Costs | None = None, margin: float = MARGIN, warmups: Callable[[], int] | None = None,
-                 pooled: TreeAcceptance | None = None) -> None:
-        """pooled: the pack's tree acceptance over its requests (Pack.policy; None: this request's alone)."""
+                 pooled: TreeAcceptance | None = None, chain_max: int = 0) -> None:
+        """pooled: the pack's tree acceptance over its requests (Pack.policy; None: this request's alone); chain_max:
+        the most drafts a chain holds where the pack verifies chains too (its k_max; 0: trees only, width 1 a chain)."""
         config = config or AdaptiveConfig()
         self.trees = TreeAcceptance(nodes_max, max_width, config, pack=pooled)
-        self.margin = margin
+        self.margin, self.chain_max = margin, min(chain_max, nodes_max)
         super().__init__(nodes_max, config, costs, acceptance=self.trees, warmups=warmups)
+        self._chain = [0.0] * (nodes_max + 1)  # [T_max+1] E[accepted | a chain of T]
+        self._as_chain = False                 # the last `best` chose a chain (and its neighbours are chains)
 
     def best(self, low: int = 0) -> int:
         """The smallest budget in low..T_max whose estimated rate is within `margin` of the highest (module docstring:
-        the smaller bet where the model barely tells budgets apart)."""
+        the smaller bet where the model barely tells budgets apart); with chains (chain_max), adaptive k's chain
+        (the highest rate in low..chain_max, the smaller on a tie) unless a tree's rate is above the margin over it."""
         self.trees.expected_accepted(self._tokens)
         self.costs.step_times(self._times)
         rates = [(1.0 + self._tokens[t]) / self._times[t] if self._times[t] > 0 else float("inf")
                  for t in range(low, self.k_max + 1)]
-        top = max(rates)
-        return low + next(i for i, rate in enumerate(rates) if rate >= (1.0 - self.margin) * top)
+        top, floor = max(rates), (1.0 - self.margin) * max(rates)
+        self._as_chain = False
+        if self.chain_max > 0 and low <= self.chain_max:
+            self.trees.chain_accepted(self._chain)
+            chain, chain_rate = highest_rate(self._chain, self._times, low, self.chain_max)
+            if top < (1.0 + self.margin) * chain_rate:  # no tree clearly better: the chain adaptive k would take
+                self._as_chain = True
+                return chain
+            floor = max(floor, (1.0 + self.margin) * chain_rate)
+        return low + next(i for i, rate in enumerate(rates) if rate >= floor)
 
     def next_k(self, state: DecodeState) -> int:
         nodes = super().next_k(state)
-        state.tree = self.trees.shape(nodes)
+        state.tree = None if self._as_chain and nodes <= self.chain_max else self.trees.shape(nodes)
         return nodes
 
     def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float, *,

@@ -135,6 +135,23 @@ def test_a_flat_verify_with_siblings_accepted_grows_a_wide_tree() -> None:
     assert chain.trees.shape(chain.best(0)).width == 1
 
 
+def _rank_zero(rates: dict[tuple[int, int], float]) -> TreeAcceptance:
+    """A chain's model (width 1) with the rank-0 rates of `rates`: adaptive k's acceptance."""
+    model = TreeAcceptance(8, 1, AdaptiveConfig())
+    set_rates(model, {key: a for key, a in rates.items() if key[1] == 0})
+    return model
+
+
+def _estimates(policy: TreePolicy, chain_model: TreeAcceptance, costs: TableCosts
+               ) -> tuple[list[float], list[float], list[float]]:
+    """E[accepted | T] of the policy's trees and of the chain model, and the step times, T in 0..8."""
+    tree_tokens, chain_tokens, times = [0.0] * 9, [0.0] * 9, [0.0] * 9
+    policy.trees.expected_accepted(tree_tokens)
+    chain_model.expected_accepted(chain_tokens)
+    costs.step_times(times)
+    return tree_tokens, chain_tokens, times
+
+
 def test_trees_never_rate_below_chains() -> None:
     """For random costs (steep to flat, draft costs) and acceptance, the tree policy's best rate is at least adaptive k
     over chains' with the same rank-0 acceptance and costs (a chain of T nodes is one of the trees of T nodes)."""
@@ -146,12 +163,8 @@ def test_trees_never_rate_below_chains() -> None:
         policy = TreePolicy(8, 3, costs=TableCosts(v, d))
         set_rates(policy.trees, rates)
         chain = AdaptiveK(8, costs=TableCosts(v, d))
-        chain_model = TreeAcceptance(8, 1, AdaptiveConfig())
-        set_rates(chain_model, {key: a for key, a in rates.items() if key[1] == 0})
-        tree_tokens, chain_tokens, times = [0.0] * 9, [0.0] * 9, [0.0] * 9
-        policy.trees.expected_accepted(tree_tokens)
-        chain_model.expected_accepted(chain_tokens)
-        TableCosts(v, d).step_times(times)
+        chain_model = _rank_zero(rates)
+        tree_tokens, chain_tokens, times = _estimates(policy, chain_model, TableCosts(v, d))
         best_tree = max((1 + tree_tokens[t]) / times[t] for t in range(9))
         best_chain = max((1 + chain_tokens[t]) / times[t] for t in range(9))
         assert best_tree >= best_chain - 1e-12
@@ -232,3 +245,58 @@ def test_an_uninformed_pack_gives_the_trees_flat_prior() -> None:
     for acceptance in (shrunk, alone):
         acceptance.observe(3, 1)
     assert not pooled.informed() and shrunk.rates() == alone.rates()
+
+
+def _chain_first(v: list[float], rates: dict[tuple[int, int], float], chain_max: int, d: float = 0.0) -> TreePolicy:
+    policy = TreePolicy(len(v) - 1, 4, costs=TableCosts(v, d), chain_max=chain_max)
+    set_rates(policy.trees, rates)
+    policy._verified = 1
+    return policy
+
+
+def test_where_a_tree_is_not_clearly_better_the_chain_adaptive_k_takes_is_drafted() -> None:
+    """With the pack's chains (chain_max), a tree is taken only above the margin over the best chain; otherwise the
+    step is adaptive k's chain: its k (the highest chain rate, the smaller on a tie) and no tree shape (state.tree
+    None: drafted and verified as a chain). Over random costs and acceptance, both ways, against adaptive k with the
+    same rank-0 acceptance and costs."""
+
+    class State:
+        tree: TreeShape | None = TreeShape(2, 2)
+
+    rng = np.random.default_rng(4)
+    chains = trees = 0
+    for i in range(300):
+        slope, d = rng.uniform(0.0, 0.6 if i % 2 else 0.05), rng.uniform(0.0, 0.3 if i % 2 else 0.02)
+        v = [1.0 + slope * t for t in range(9)]
+        rates = {(dd, r): rng.uniform(0.0, 0.95) * (1.0 - 0.3 * r) / (r + 1) for dd in range(1, 9) for r in range(4)}
+        policy = _chain_first(v, rates, chain_max=4, d=d)
+        chain_model = _rank_zero(rates)
+        adaptive = AdaptiveK(4, costs=TableCosts(v[:5], d), acceptance=chain_model)
+        adaptive._verified = 1
+        tokens, chain_tokens, times = _estimates(policy, chain_model, TableCosts(v, d))
+        best_tree = max((1 + tokens[t]) / times[t] for t in range(9))
+        best_chain = max((1 + chain_tokens[t]) / times[t] for t in range(5))
+        state = State()
+        nodes = policy.next_k(state)  # type: ignore[arg-type]  # only state.tree is written
+        if best_tree < 1.03 * best_chain:
+            chains += 1
+            assert nodes == adaptive.best(0) and state.tree is None
+        else:
+            trees += 1
+            assert state.tree is not None and (1 + tokens[nodes]) / times[nodes] >= 1.03 * best_chain - 1e-12
+    assert chains > 50 and trees > 50  # both ways were tried
+
+
+def test_a_steep_verify_drafts_a_chain_and_a_flat_one_a_tree() -> None:
+    """The real pair's case on two cores (each row half a step: a short chain, as adaptive k would draft it) and a GPU's
+    (flat rows, siblings accepted a quarter of the time: a wide tree) with the pack's chains beside the trees."""
+
+    class State:
+        tree: TreeShape | None = None
+
+    steep, flat = _chain_first(STEEP, SIBLINGS, chain_max=4), _chain_first(FLAT, SIBLINGS, chain_max=4)
+    state = State()
+    assert 1 <= steep.next_k(state) <= 2 and state.tree is None  # type: ignore[arg-type]
+    nodes = flat.next_k(state)  # type: ignore[arg-type]
+    assert nodes >= 12 and state.tree is not None and state.tree.width >= 3
+
