@@ -46,12 +46,13 @@ def _pack(tiny_export: Any) -> Path:
 
 
 def _lone(pack_dir: Path, kinds: list[dict[str, object]], seed: int) -> tuple[list[GenerateRequest], list[list[int]]]:
-    """One request per kind (random prompts of 6, 10, 14, ... tokens, 32 new tokens), and each one's tokens alone
-    through the pack's batch-1 graphs on the GPU."""
+    """One request per kind (random prompts of 6, 10, 14, ... tokens, the kind's "new" tokens, else 32), and each
+    one's tokens alone through the pack's batch-1 graphs on the GPU."""
     with specpack.load(pack_dir, device="cuda") as alone:
         vocab = alone.manifest.vocab_size
         rng = np.random.default_rng(seed)
-        requests = [GenerateRequest.of(rng.integers(0, vocab - 8, 6 + 4 * i).tolist(), 32, **kind)  # type: ignore[arg-type]
+        requests = [GenerateRequest.of(rng.integers(0, vocab - 8, 6 + 4 * i).tolist(), int(kind.get("new", 32)),  # type: ignore[call-overload]
+                                       **{key: value for key, value in kind.items() if key != "new"})  # type: ignore[arg-type]
                     for i, kind in enumerate(kinds)]
         return requests, [alone.generate_request(r).tokens for r in requests]
 
@@ -96,12 +97,14 @@ def test_fp16_batched_greedy_requests_get_their_lone_tokens_on_the_gpu(tiny_expo
 def test_fp16_batched_sampling_rows_run_captured_on_the_plain_form(tiny_export: Any) -> None:
     """Greedy and temperature-only sampling rows (the model's drafts, q in place; one n-gram row, a host one-hot q)
     through the batcher on the GPU: the verify graph's plain form (graphs/batched_plain_form.py) captures its shapes
-    with no refusal and serves those batches, the model rows' q bound in place; each request's first difference from
+    with no refusal and serves those batches, the model rows' q bound in place once the n-gram row has left (a batch
+    with an n-gram sampling row takes the host path: docs/cuda_backend.md; the first GPU run, H100 2026-12-07, had
+    the n-gram row live in every batch and no run in place); each request's first difference from
     its lone run is printed (informative: fp16 kernels of another shape may round apart, and a sampled token follows
     its uniforms from there)."""
     kinds: list[dict[str, object]] = [{"k": 2}, {"k": 3, "temperature": 0.8, "seed": 1},
                                       {"k": None, "temperature": 1.0, "seed": 2},
-                                      {"k": 2, "temperature": 0.9, "seed": 3, "drafter": "ngram"}]
+                                      {"k": 2, "temperature": 0.9, "seed": 3, "drafter": "ngram", "new": 4}]
     requests, lone = _lone(_pack(tiny_export), kinds, seed=8)
     with _batching(_pack(tiny_export)) as (pack, target, caches, _):
         in_place: list[int] = []

@@ -241,7 +241,10 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
     plain_mix = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 8 + 3 * i).tolist(), 16, k=1 + i % 3,
                                     **({"temperature": 0.8 + 0.2 * i, "seed": 20 + i} if i % 2 else {}))  # type: ignore[arg-type]
                  for i in range(SLOTS)]  # greedy and temperature-only sampling rows: the plain form's
-    batches = (requests(m.vocab_size), greedy_only, plain_mix)
+    ngram_mix = [*plain_mix[:-1], GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 12).tolist(), 3, k=2,
+                                                     temperature=0.9, seed=40, drafter="ngram")]  # type: ignore[arg-type]
+    # an n-gram sampling row (a host one-hot q) beside the model's: the host path while it runs, in place after
+    batches = (requests(m.vocab_size), greedy_only, plain_mix, ngram_mix)
     with open_pack(pack_dir, m, OrtBackend) as host:
         on_host = [batched_tokens(host, reqs)[0] for reqs in batches]
     with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False, batched_greedy=True) as device:
