@@ -30,8 +30,10 @@ import specpack
 from specpack import names
 from specpack.runtime.drafter import Drafter, ModelDrafter
 from specpack.runtime.engine import HeadTreeRun, TopRows
+from specpack.runtime.k_policy import KPolicy
 from specpack.runtime.pack import Pack
-from specpack.runtime.state import DecodeState, Proposal, TreeShape
+from specpack.runtime.state import DecodeState, Proposal, TreeShape, TreeStep
+from specpack.runtime.static_kv_cache import StaticKVCache
 from specpack.runtime.tree_policy import FixedTree
 from specpack.sampling import SamplingParams
 from tests.e2e.test_sampling_distribution import P_FAIL, TargetLogits, draw_samples, partitions, pvalue
@@ -248,14 +250,16 @@ def test_the_cuda_backends_model_trees(pack: Pack, dev: Pack) -> None:
 
 
 def _model_tree_samples(pack: Pack, target: Path, params: SamplingParams, n: int,
-                        drafter: Callable[[TargetLogits, int], Drafter]) -> tuple[float, Any]:
-    """The chi-square p of n generations of k + 2 = 6 tokens, trees of 4 nodes drafted by `drafter`."""
+                        drafter: Callable[[TargetLogits, int], Drafter],
+                        policy: Callable[[], KPolicy] | None = None) -> tuple[float, Any]:
+    """The chi-square p of n generations of k + 2 = 6 tokens, trees of 4 nodes drafted by `drafter` (or the steps
+    `policy` asks for)."""
     k = 4
     prompt = pack.encode(PROMPT)
     logits = TargetLogits(target, prompt)
     part = partitions(logits, pack.eos_ids)(params, k + 2, n)
     samples = draw_samples(pack, drafter(logits, len(prompt)), prompt, params, k, 23, n=n, decided=part.decided,
-                           policy=lambda: FixedTree(k, 4))
+                           policy=policy or (lambda: FixedTree(k, 4)))
     return pvalue(part, samples), samples
 
 
@@ -283,4 +287,73 @@ def test_a_drafter_peeking_at_the_uniforms_is_rejected(pack: Pack, target_dir: P
 
     p, samples = _model_tree_samples(pack, target_dir, SamplingParams(1.0, top_k=3), SAMPLES // 2, peeking)
     print(f"peeking model trees: alpha={samples.alpha:.3f} p={p:.4g}")
+    assert p < P_FAIL
+
+
+class ChainsAndTrees:
+    """A KPolicy whose steps alternate as tree "auto" with the pack's chains may (TreePolicy's chain_max): a chain of 2
+    sampled drafts (state.tree None: q the draft's) and a tree of 4 nodes (3 wide, 2 deep: deterministic candidates),
+    each generation starting with the other shape than the one before."""
+
+    generations = 0
+
+    def __init__(self) -> None:
+        ChainsAndTrees.generations += 1
+        self.tree_next = ChainsAndTrees.generations % 2 == 0
+
+    @property
+    def k_max(self) -> int:
+        return 4
+
+    def next_k(self, state: DecodeState) -> int:
+        self.tree_next = not self.tree_next
+        state.tree = TreeShape(3, 2) if self.tree_next else None
+        return 4 if self.tree_next else 2
+
+    def observe(self, k: int, n_accepted: int, elapsed_s: float, draft_s: float, *,
+                tree: TreeStep | None = None) -> None: ...
+
+
+@pytest.fixture(scope="module")
+def noisy(tiny_export: Callable[..., Path]) -> Iterator[Pack]:
+    """The tree pack of the noisy draft (tiny.py's perturbed copy of the target: it agrees often enough that chains and
+    trees accept drafts at most steps)."""
+    pack_dir = tiny_export("qwen2", "noisy", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)
+    loaded = specpack.load(pack_dir, threads=1)
+    yield loaded
+    loaded.close()
+
+
+def _mixed(drafter: Drafter, pack: Pack, target_dir: Path, params: SamplingParams, n: int) -> tuple[float, Any]:
+    return _model_tree_samples(pack, target_dir, params, n, lambda logits, length: drafter, policy=ChainsAndTrees)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.7, top_k=5),
+                                    pytest.param(SamplingParams(1.0, top_k=3), marks=pytest.mark.slow)], ids=str)
+def test_sampled_chains_and_trees_mixed_keep_the_distribution(noisy: Pack, tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                              params: SamplingParams) -> None:
+    """Tree "auto" with the pack's chains (docs/trees.md, "Chains first") mixes, within one request, chains of sampled
+    drafts and trees of deterministic candidates (a tree pack verifies both by the deterministic rule, exact for
+    drafts drawn independently of the verify's uniforms): the chi-square of the mixed steps against exact
+    probabilities, both orders (chain after tree, tree after chain) in every generation of more than one step, with a
+    draft that agrees with the target (drafts accepted at most steps)."""
+    drafter = ModelDrafter(noisy.backend.draft, noisy.manifest.k_max)
+    p, samples = _mixed(drafter, noisy, tiny_pairs("qwen2", "noisy")[1], params, SAMPLES)
+    print(f"chains and trees {params}: alpha={samples.alpha:.3f} accepted={samples.accepted} p={p:.4g}")
+    assert samples.accepted > SAMPLES // 2
+    assert p > P_FAIL
+
+
+def test_mixed_steps_with_the_accepted_rows_left_unmoved_are_rejected(noisy: Pack,
+                                                                     tiny_pairs: Callable[..., tuple[Path, Path]],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same test, same size and seed, kills a planted defect of the mixed steps: the target's cache rows of a
+    tree's accepted path left where the tree put them (StaticKVCache.keep_rows a no-op), so the chain or tree after it
+    reads a wrong context. (Defects on the drafter's side cannot be planted here: the deterministic rule draws each
+    token from the target's p with the verify's uniforms and walks to the child equal to it, exact for any candidates
+    that do not peek at those uniforms: test_a_drafter_peeking_at_the_uniforms_is_rejected.)"""
+    monkeypatch.setattr(StaticKVCache, "keep_rows", lambda self, start, rows: None)
+    drafter = ModelDrafter(noisy.backend.draft, noisy.manifest.k_max)
+    p, samples = _mixed(drafter, noisy, tiny_pairs("qwen2", "noisy")[1], SamplingParams(0.7, top_k=5), SAMPLES)
+    print(f"rows left unmoved: alpha={samples.alpha:.3f} accepted={samples.accepted} p={p:.4g}")
     assert p < P_FAIL
