@@ -4,7 +4,7 @@ decoding job (docs/serving.md).
     handler ─ submit(prepared) ─> waiting (deque, <= max_queue; full: 429) ─> dispatcher ─> worker threads
        ^                                                              <= max_batch at once  pack.run(prepared,
        └──── job.events (asyncio.Queue): Piece*, then Done | Aborted | Failed <─────       on_text=..., cancel=job.halt)
-                                                                     call_soon_threadsafe
+                                                        Mailbox: one call_soon_threadsafe for the posts of a step
 
 With max_batch 1, pack.run decodes each job alone (one at a time) on the one worker thread, where start() first has
 the pack capture the shapes its jobs run (Pack.precapture_thread: CUDA graphs are kept per thread; its error is every
@@ -69,8 +69,36 @@ class Failed:
 Event = Piece | Done | Aborted | Failed
 
 
+class Mailbox:
+    """Events from the decoding threads to their jobs' queues on the event loop, one wake-up for many: the first post
+    after a delivery schedules one (call_soon_threadsafe writes to the loop's self-pipe, a system call); the posts that
+    come before it runs go with it, in order. A batch step's rows post their text together (16 rows: one wake-up a
+    step, not 16)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[asyncio.Queue[Event], Event]] = []
+        self._scheduled = False
+
+    def post(self, events: asyncio.Queue[Event], event: Event) -> None:
+        """From any thread."""
+        with self._lock:
+            self._pending.append((events, event))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self._loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            pending, self._pending, self._scheduled = self._pending, [], False
+        for events, event in pending:
+            events.put_nowait(event)
+
+
 class Job:
-    def __init__(self, request: PreparedRequest, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, request: PreparedRequest, mailbox: Mailbox) -> None:
         self.request = request
         self.arrival = time.monotonic()
         self.halt = threading.Event()      # the runtime's cancel event: set, no further step starts (abort, stop string)
@@ -78,11 +106,11 @@ class Job:
         self.finished = False              # the consumer has seen the last event
         self.events: asyncio.Queue[Event] = asyncio.Queue()
         self.timer: asyncio.TimerHandle | None = None
-        self._loop = loop
+        self._mailbox = mailbox
 
     def post(self, event: Event) -> None:
-        """From the worker thread."""
-        self._loop.call_soon_threadsafe(self.events.put_nowait, event)
+        """From the worker thread (or the batcher's)."""
+        self._mailbox.post(self.events, event)
 
     async def next(self) -> Event:
         event = await self.events.get()
@@ -113,6 +141,7 @@ class Decoder:
         self._executor = ThreadPoolExecutor(max_workers=max_batch, thread_name_prefix="specpack-decode")
         self._precaptured: Future[int] | None = None  # max_batch 1: the worker's captures (start), before any job
         self._task: asyncio.Task[None] | None = None
+        self._mailbox: Mailbox | None = None  # the event loop's (start)
         self._running: set[asyncio.Future[None]] = set()
         self._mean_s = 1.0  # recent decode time, for Retry-After
         self._progress = time.monotonic()  # a job started or ended, or a piece of text came (the health probe's watchdog)
@@ -134,7 +163,9 @@ class Decoder:
             self._precaptured = self._executor.submit(self.pack.precapture_thread)
         self._wakeup = asyncio.Event()
         self.stopping = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._dispatch())
+        loop = asyncio.get_running_loop()
+        self._mailbox = Mailbox(loop)
+        self._task = loop.create_task(self._dispatch())
 
     async def ready(self) -> None:
         """Once the thread that decodes has captured its shapes (CUDA graphs are kept per thread: the batcher's `prepare`,
@@ -174,10 +205,10 @@ class Decoder:
                            type="rate_limit_error", code="queue_full", headers={"Retry-After": str(retry)})
 
     def _enqueue(self, request: PreparedRequest) -> Job:
-        if self.draining or self._wakeup is None:  # shutdown began while the request was being tokenized
+        if self.draining or self._wakeup is None or self._mailbox is None:  # shutdown began while it was tokenized
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         loop = asyncio.get_running_loop()
-        job = Job(request, loop)
+        job = Job(request, self._mailbox)
         job.timer = loop.call_later(self.timeout_s, self.abort, job, "timeout")
         self._waiting.append(job)
         self.metrics.queue_depth.set(len(self._waiting))
