@@ -78,20 +78,23 @@ def _batched_logits(session: ort.InferenceSession, ids: np.ndarray, width: int =
 
 
 def test_quantized_rows_do_not_depend_on_the_batch(pair: tuple[Path, Path, dict, dict]) -> None:  # type: ignore[type-arg]
-    """Each row of a batched run equals the same row run alone, bit for bit (and a prefix of a row its shorter run:
-    the one-token step of M = 1 takes the same kernel as the rows of a batch)."""
+    """Each row of a batched run equals the same row run alone, bit for bit (and a two-token prefix of a row its
+    shorter run: no greedy run of the runtime has fewer than two rows, docs/architecture.md "One row is never run alone")."""
     session = ort.InferenceSession(str(pair[1]), providers=["CPUExecutionProvider"])
     ids = np.random.default_rng(0).integers(0, 200, (4, 6))
     together = _batched_logits(session, ids)
     for b in range(4):
         assert np.array_equal(_batched_logits(session, ids[b:b + 1])[0], together[b])
-    assert np.array_equal(_batched_logits(session, ids[:1, :1])[0, 0], together[0, 0])
+    assert np.array_equal(_batched_logits(session, ids[:1, :2])[0], together[0, :2])
 
 
 @pytest.mark.parametrize(("k", "n"), [(1536, 1536), (8960, 1536)])  # the real 1.5B target's projections
 def test_matmul_nbits_rows_do_not_depend_on_m(k: int, n: int) -> None:
     """MatMulNBits (int4, accuracy level 4: int8 activations) at the real pair's sizes: rows 0..M-1 of a run of M
-    rows equal those of a run of 16, M = 1 included, so a quantized batched row is the row alone (docs/batching.md)."""
+    rows equal those of a run of 16 for every M >= 2, so a quantized batched row is the row alone (docs/batching.md).
+    M = 1 is not asked: ONNX Runtime 1.32's one-row kernel rounds apart on some CPUs (the 2-core AMD EPYC, AVX2
+    without VNNI: up to 1.3e-5 at 8960 x 1536, 2026-12-07), which is why no greedy run of the runtime has one row
+    (docs/architecture.md, "One row is never run alone")."""
     rng = np.random.default_rng(0)
     bq = quantize_kquant(rng.standard_normal((k, n)).astype(np.float32) * 0.02, 4, 32)
     assert bq.zero_points is not None
@@ -105,7 +108,7 @@ def test_matmul_nbits_rows_do_not_depend_on_m(k: int, n: int) -> None:
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     x = rng.standard_normal((16, k)).astype(np.float32)
     full = session.run(None, {"x": x})[0]
-    for m in (1, 2, 3, 5):
+    for m in (2, 3, 5, 9):
         assert np.array_equal(session.run(None, {"x": x[:m]})[0], full[:m]), m
 
 
