@@ -18,6 +18,7 @@ draft model in the tree form), cpu backend and the cuda backend's code on the CP
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -292,14 +293,11 @@ def test_a_drafter_peeking_at_the_uniforms_is_rejected(pack: Pack, target_dir: P
 
 class ChainsAndTrees:
     """A KPolicy whose steps alternate as tree "auto" with the pack's chains may (TreePolicy's chain_max): a chain of 2
-    sampled drafts (state.tree None: q the draft's) and a tree of 4 nodes (3 wide, 2 deep: deterministic candidates),
-    each generation starting with the other shape than the one before."""
+    sampled drafts (state.tree None) and a tree of 4 nodes (3 wide, 2 deep: deterministic candidates); `tree_first`:
+    the shape of the first step."""
 
-    generations = 0
-
-    def __init__(self) -> None:
-        ChainsAndTrees.generations += 1
-        self.tree_next = ChainsAndTrees.generations % 2 == 0
+    def __init__(self, tree_first: bool) -> None:
+        self.tree_next = not tree_first  # next_k flips it before the first step
 
     @property
     def k_max(self) -> int:
@@ -325,7 +323,10 @@ def noisy(tiny_export: Callable[..., Path]) -> Iterator[Pack]:
 
 
 def _mixed(drafter: Drafter, pack: Pack, target_dir: Path, params: SamplingParams, n: int) -> tuple[float, Any]:
-    return _model_tree_samples(pack, target_dir, params, n, lambda logits, length: drafter, policy=ChainsAndTrees)
+    """_model_tree_samples with ChainsAndTrees, generations starting with a chain and with a tree in turn."""
+    generations = itertools.count()
+    return _model_tree_samples(pack, target_dir, params, n, lambda logits, length: drafter,
+                               policy=lambda: ChainsAndTrees(tree_first=next(generations) % 2 == 1))
 
 
 @pytest.mark.parametrize("params", [SamplingParams(0.7, top_k=5),
