@@ -30,8 +30,9 @@ for all:
              Loaded as `serve` loads (precapture "batcher": the shapes captured on the batcher's thread when it
              starts, waited for before the clients; --no-precapture: none; --prefill-budget: the scheduler's prefill
              tokens an iteration), run_clients
-  c1-bB-auto one client, k auto, on a batcher of --solo-max-batch rows (16): a batching server's lone request (its
-             row runs through the batched graphs at batch 1), against `alone` (the issue's "at 1 client")
+  c1-bB-auto one client, k auto, on a batcher of --solo-max-batch rows (16): a batching server's lone request (a solo
+             row: the per-slot graphs of slot 0, runtime/scheduler.py), against `alone` (the issue's "at 1 client");
+  c1-bB-batched-auto  the same with start_batching(solo=False): its row through the batched graphs at batch 1
 Per configuration: aggregate throughput (new tokens over the wall time from the first submit to the last result),
 time to first token p50 / p99 (submit -> first text piece: queue wait included; the pack's prefill ttft_s too),
 inter-token latency p50 / p99 (per request: (last piece - first) / (tokens - 1), pieces timed as on_text gives them),
@@ -375,10 +376,12 @@ def closed_loop(pack: Any, planned: list[Planned], clients: int, k: int | None, 
 
 
 def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned], clients: int,
-                ks: list[int | None], max_batch: int = 0) -> list[tuple[str, dict[str, Any], list[Outcome]]]:
-    """N clients on one load of the pack (batching with max_batch: this, or --max-batch, or N), each k in turn."""
+                ks: list[int | None], max_batch: int = 0, solo: bool = True
+                ) -> list[tuple[str, dict[str, Any], list[Outcome]]]:
+    """N clients on one load of the pack (batching with max_batch: this, or --max-batch, or N), each k in turn;
+    solo False: a request admitted alone runs through the batched graphs too (start_batching's solo; "-batched")."""
     max_batch = max_batch or args.max_batch or clients
-    suffix = "" if max_batch == clients else f"-b{max_batch}"
+    suffix = ("" if max_batch == clients else f"-b{max_batch}") + ("" if solo else "-batched")
     # as `serve` loads: the shapes captured on the batcher's thread when it starts, nothing at load (precapture
     # "batcher": backends/cuda_precapture.py); --no-precapture: none (load_s, which waits for them, says what it costs)
     precapture = False if args.no_precapture else "batcher"
@@ -387,7 +390,7 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
     memory = MemorySampler(args.device == "cuda")
     t0 = time.perf_counter()
     with open_pack(pack_dir, args.device, max_batch, precapture) as pack:
-        batcher = pack.start_batching(max_batch=max_batch, prefill_budget=args.prefill_budget)
+        batcher = pack.start_batching(max_batch=max_batch, prefill_budget=args.prefill_budget, solo=solo)
         batcher.prepared.wait()
         rows: list[int] = []
         batcher.on_step = rows.append  # rows decoding at each iteration
@@ -407,7 +410,8 @@ def run_clients(pack_dir: Path, args: argparse.Namespace, planned: list[Planned]
             outcomes, wall, capped = closed_loop(pack, planned[:n], clients, k, args.max_new_tokens, args.config_cap_s)
             name = f"c{clients}{suffix}-{'auto' if k is None else f'k{k}'}"
             result = summarize(name, clients, k, outcomes, wall, load_s, n, None, capped=capped)
-            result |= {"max_batch": max_batch, "precapture": precapture, "verifier": verifier, "iterations": len(rows),
+            result |= {"max_batch": max_batch, "solo": solo, "precapture": precapture, "verifier": verifier,
+                       "iterations": len(rows),
                        "rows_per_iteration_mean": statistics.fmean(rows) if rows else None,
                        # shapes first run (captured) inside the timed part: each such run costs several replays
                        "warmup_runs_timed": pack.backend.warmup_runs() - warmups} | policy_costs(pack)
@@ -654,26 +658,30 @@ def main() -> None:
             log(f"clients {n} failed: {err!r}")
         result["configs"] = configs
         write()
-    if args.solo_max_batch > 1 and (wanted is None or f"c1-b{args.solo_max_batch}-auto" in wanted):
-        try:  # one client on a batcher of solo_max_batch rows: the issue's "at 1 client" against alone
-            for name, config, outcomes in run_clients(pack_dir, args, planned, 1, [None], args.solo_max_batch):
+    for solo, label in ((True, ""), (False, "-batched")):  # the issue's "at 1 client" against alone: solo rows (the
+        name = f"c1-b{args.solo_max_batch}{label}-auto"        # default) and, before them, the batched graphs at batch 1
+        if args.solo_max_batch <= 1 or (wanted is not None and name not in wanted):
+            continue
+        try:  # one client on a batcher of solo_max_batch rows
+            for name, config, outcomes in run_clients(pack_dir, args, planned, 1, [None], args.solo_max_batch, solo):
                 configs[name], runs[name] = config, outcomes
         except Exception as err:
-            configs["c1-solo-error"] = repr(err)[:500]
-            log(f"one client on max_batch {args.solo_max_batch} failed: {err!r}")
+            configs[f"c1-solo{label}-error"] = repr(err)[:500]
+            log(f"one client on max_batch {args.solo_max_batch} (solo {solo}) failed: {err!r}")
         result["configs"] = configs
         write()
     for name, outcomes in runs.items():
         if name != "alone" and isinstance(configs.get(name), dict):
             configs[name]["alone_same_requests"] = alone_on(outcomes, alone)
     result["summary"] = summary(configs, args.clients)
-    if (solo := configs.get(f"c1-b{args.solo_max_batch}-auto")) and configs.get("alone"):
-        alone_speed = (solo.get("alone_same_requests") or configs["alone"])["request_tokens_per_s_p50"]
-        result["summary"]["one_client_batcher"] = {
-            "max_batch": args.solo_max_batch,
-            "request_speed_over_alone": solo["request_tokens_per_s_p50"] / alone_speed if alone_speed else None,
-            "latency_p50_over_alone": (solo["latency_s"]["p50"] / configs["alone"]["latency_s"]["p50"]
-                                       if configs["alone"]["latency_s"]["p50"] else None)}
+    for label in ("", "-batched"):
+        if (one := configs.get(f"c1-b{args.solo_max_batch}{label}-auto")) and configs.get("alone"):
+            alone_speed = (one.get("alone_same_requests") or configs["alone"])["request_tokens_per_s_p50"]
+            result["summary"][f"one_client_batcher{label.replace('-', '_')}"] = {
+                "max_batch": args.solo_max_batch, "solo": not label,
+                "request_speed_over_alone": one["request_tokens_per_s_p50"] / alone_speed if alone_speed else None,
+                "latency_p50_over_alone": (one["latency_s"]["p50"] / configs["alone"]["latency_s"]["p50"]
+                                           if configs["alone"]["latency_s"]["p50"] else None)}
     result["per_request"] = {name: [{"i": o.index, "tokens": len(o.tokens), "latency_s": o.latency_s, "ttft_s": o.ttft_s,
                                      **{key: o.stats.get(key) for key in ("steps", "proposed", "accepted")}}
                                     for o in outcomes if o.error is None] for name, outcomes in runs.items()}

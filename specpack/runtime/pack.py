@@ -368,7 +368,7 @@ class Pack:
 
     def start_batching(self, max_batch: int | None = None, *, max_waiting: int = 64,
                        prefill_chunk: int = PREFILL_CHUNK, prefill_budget: int | None = None, batched: Any = None,
-                       batched_draft: Any = None, batch_policy: Any = None) -> Batcher[Any]:
+                       batched_draft: Any = None, batch_policy: Any = None, solo: bool = True) -> Batcher[Any]:
         """Decode requests together from now on (continuous batching: docs/batching.md): `submit`, and `generate` /
         `run` too, join a running batch of up to `max_batch` requests (None: the backend's cache slots, which bound
         it), with up to `max_waiting` more waiting (past that, submit raises QueueFull). Started once; again: the
@@ -379,14 +379,16 @@ class Pack:
         `batch_policy`: the cap on each row's k (runtime/batch_k.py; None: BatchKCap with `batched`, else NoCap);
         `prefill_chunk`, `prefill_budget`: prompt tokens per prefill run of a row, and per iteration over all rows
         (runtime/scheduler.py; None: one chunk, or where a batched engine's run costs its launch and the iteration's
-        prefills run together, scheduler.PREFILL_TOGETHER)."""
+        prefills run together, scheduler.PREFILL_TOGETHER); `solo`: with a batched target, a request admitted when no
+        other is there decodes alone on the per-slot engines, as `generate` does without a batch (runtime/scheduler.py,
+        solo rows; False: through the batched graphs at batch 1)."""
         from specpack.runtime.pack_batching import start_batching
 
         self._check_open()
         with self._batching_lock:
             if self._batcher is None:
                 self._batcher = start_batching(self, max_batch or self.slots, max_waiting, prefill_chunk, batched,
-                                               batched_draft, batch_policy, prefill_budget)
+                                               batched_draft, batch_policy, prefill_budget, solo)
             return self._batcher
 
     def submit(self, request: GenerateRequest | PreparedRequest, *, on_text: Callable[[str], None] | None = None,

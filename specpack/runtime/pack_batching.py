@@ -1,8 +1,9 @@
 """A Pack's requests through the scheduler (Pack.start_batching, Pack.submit; docs/batching.md).
 
     PackJob        what Pack.submit queues: the prepared request, its Handle, the caller's cancel event
-    PackRows       the scheduler's opener and finisher over one pack: a job -> its row (state on the slot, k policy,
-                   drafter, text out), a finished row -> the handle's Generation (or the error it ended with)
+    PackRows       the scheduler's openers and finisher over one pack: a job -> its row (state on the slot, k policy,
+                   drafter, text out), in the batch or solo (alone on the per-slot engines: a batched engine's lone
+                   request), a finished row -> the handle's Generation (or the error it ended with)
     start_batching the Scheduler over the pack's backend and its Batcher thread
 
 A request decodes in a batch exactly as Pack.run decodes it alone: the same DecodeState, k policy, drafter and text
@@ -55,21 +56,49 @@ class _Either(threading.Event):
 class PackRows:
     """The scheduler's opener and finisher for one pack."""
 
-    def __init__(self, pack: Pack, target: TargetModel, model_drafter: Drafter | None = None) -> None:
-        """model_drafter: in place of the pack's own for requests with the "model" drafter (a batched drafter)."""
+    def __init__(self, pack: Pack, target: TargetModel, model_drafter: Drafter | None = None,
+                 batched: list[BatchedRuns] | None = None) -> None:
+        """model_drafter: in place of the pack's own for requests with the "model" drafter (a batched drafter);
+        batched: the batched engines (target, draft) whose slot a solo row takes (`open_solo`)."""
         self.pack, self.target, self.model_drafter = pack, target, model_drafter
+        self.batched = batched or []
         self.batcher: Batcher[PackJob] | None = None  # told when a job finishes
 
     def open(self, job: PackJob, slot: int) -> Row[PackJob]:
+        return self._open(job, slot, self.target, self.model_drafter)
+
+    def open_solo(self, job: PackJob, slot: int) -> Row[PackJob]:
+        """The job's row alone on the pack's per-slot engines, as Pack.run decodes it (scheduler.py, solo rows); the
+        batched engines' rows of its slot emptied (their pad rows there write from 0: no run narrows for it)."""
+        row = self._open(job, slot, self.pack.backend.target(), None)
+        for engine in self.batched:
+            engine.reset(row.state)
+        return row
+
+    def join_batch(self, row: Row[PackJob]) -> None:
+        """A solo row onto the batched engines (scheduler.py, `join_batch`): the batched target over its committed
+        tokens but the last in one run (its slot's rows there were emptied at open_solo), the batched greedy draft for
+        a greedy model row (its cache caught up at its next drafts, as a new row's)."""
+        state, decoding = row.state, row.decoding
+        target: ChunkedTarget = self.target  # type: ignore[assignment]  # a batched target (start_batching)
+        decoding.target = target
+        if row.prefilled and state.length > 1:
+            target.prefill_chunk(state, state.length - 1)
+        if self.model_drafter is not None and decoding.drafter is self.pack.drafters.get("model") \
+                and state.params.greedy:
+            decoding.drafter = self.model_drafter
+            self.model_drafter.begin(state)
+
+    def _open(self, job: PackJob, slot: int, target: TargetModel, model_drafter: Drafter | None) -> Row[PackJob]:
         pack, prepared = self.pack, job.prepared
         request = prepared.request
         policy = pack.policy(request.k, prepared.drafter, request.sampling, request.seed, request.tree)
         job.text = text = TextOut(pack.tokenizer, request.stop, job.handle.text)
         state = pack.new_state(prepared, policy, slot)
         drafter = pack.drafters[prepared.drafter]
-        if prepared.drafter == "model" and self.model_drafter is not None and request.sampling.greedy:
-            drafter = self.model_drafter  # the batched greedy draft; a sampling row's q comes from its own slot
-        decoding = Decoding(state, self.target, drafter, policy, text.push,
+        if prepared.drafter == "model" and model_drafter is not None and request.sampling.greedy:
+            drafter = model_drafter  # the batched greedy draft; a sampling row's q comes from its own slot
+        decoding = Decoding(state, target, drafter, policy, text.push,
                             time.perf_counter)
         halt = text.halt(_Either(job.handle.cancel_event, job.cancel))
         own_k = not request.sampling.greedy and request.seed is not None
@@ -96,11 +125,14 @@ class PackRows:
 
 def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: int,
                    batched: BatchedRuns | None = None, batched_draft: BatchedGreedyDrafter | None = None,
-                   batch_policy: BatchPolicy | None = None, prefill_budget: int | None = None) -> Batcher[PackJob]:
+                   batch_policy: BatchPolicy | None = None, prefill_budget: int | None = None,
+                   solo: bool = True) -> Batcher[PackJob]:
     """The scheduler over the pack's backend (its verifies in turn, one per row: SerialVerifier), or over a batched
     target (one run per step: runtime/batched_verify.py) and optionally a batched draft (batched_draft.py), on its
     own thread. Without `batched`, a pack exported with --max-batch gets its own (the backend's batched_engines: cpu, cuda)
-    when max_batch > 1. batch_policy: the cap on k (None: BatchKCap with a batched target, else NoCap)."""
+    when max_batch > 1. batch_policy: the cap on k (None: BatchKCap with a batched target, else NoCap); solo: with a
+    batched target, a request admitted alone decodes on the per-slot engines of slot 0 (scheduler.py, solo rows;
+    False: through the batched graphs, at batch 1)."""
     if isinstance(max_batch, int) and max_batch > pack.slots:
         raise SpecpackError("max_batch exceeds the backend's cache slots", expected=f"max_batch <= {pack.slots}",
                             found=f"max_batch {max_batch}",
@@ -113,12 +145,17 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
             batched, batched_draft = engines.target, batched_draft or engines.drafter
             closers = [engines.target.close] + ([engines.drafter.engine.close] if engines.drafter is not None else [])
     if batched is not None:  # one run per step: speculation is turned down as the batch grows (batch_k.py)
-        rows = PackRows(pack, batched, batched_draft)
+        engines = [batched] + ([batched_draft.engine] if batched_draft is not None else [])
+        rows = PackRows(pack, batched, batched_draft, engines)
         scheduler = Scheduler(config, batched, rows.open, rows.finish, batched,
                               batch_policy=batch_policy or BatchKCap(pack.manifest.k_max, max_batch,
                                                                      warmups=pack.backend.warmup_runs),
                               row_drafter=batched_draft,
-                              row_prefill=batched if batched.caches.launch_bound else None)
+                              row_prefill=batched if batched.caches.launch_bound else None,
+                              open_solo=rows.open_solo if solo else None,
+                              # where a run costs its launch a solo step beside the batch's would add to every
+                              # iteration: the solo row joins the batch (scheduler.py)
+                              join_batch=rows.join_batch if batched.caches.launch_bound else None)
     else:
         target = pack.backend.target()
         if not hasattr(target, "prefill_chunk"):

@@ -3,7 +3,9 @@
 One `Scheduler.step()` is one iteration over every admitted request (a row), in four numbered phases:
 
     1. leave    rows whose caller cancelled (or whose stop string was hit) finish "cancelled"; their slots free up
-    2. join     waiting jobs take free cache slots, first come first served (at most max_batch rows)
+    2. join     waiting jobs take free cache slots, first come first served (at most max_batch rows); a job that
+                finds nothing else there (no row, no other job waiting) runs solo where the scheduler has `open_solo`
+                (below)
     3. prefill  rows still prefilling run whole chunks of `prefill_chunk` prompt tokens, in arrival order, within a
                 budget of prompt tokens per iteration (at least one chunk; `prefill_budget`); a row whose rest of the
                 prompt fits runs the prefill proper (its first token). Each in a run of its own within `prefill_chunk`
@@ -11,6 +13,14 @@ One `Scheduler.step()` is one iteration over every admitted request (a row), in 
                 iteration's chunks in one run and its prefills proper in another, within PREFILL_TOGETHER tokens
     4. decode   every decoding row: k (its own policy, under the batch's cap: batch_k.py) and its drafts; one verify
                 call over all rows (RowVerifier: in turn on the per-slot engines today, one batched run later); commit
+
+Solo rows (`open_solo`: a batched engine's scheduler, docs/batching.md "A lone request"): a request admitted alone
+decodes as Pack.run decodes it, on the per-slot engines of slot `solo_slot` (the batch-1 graphs and their captured
+shapes): its whole prompt in its prefill, then its own steps (plan, draft, verify, commit), never capped by the batch
+and never observed by its policy. Requests that arrive meanwhile batch as usual on the other slots; with `join_batch`
+(where a batched run costs its launch: a solo step beside the batch's run would lengthen every iteration) the solo
+row joins the batch as the first of them is admitted (join_batch moves it onto the batched engines: its cache rows
+there from one prefill run), else it steps beside the batch's run to its end (where a run costs its rows: the CPU).
 
 A row's chunk boundaries depend on its own prompt only (multiples of prefill_chunk), never on the other rows, so a
 request decodes the same tokens whatever it is batched with. Nothing here is thread-safe: one thread (the Batcher,
@@ -73,6 +83,7 @@ class Row(Generic[J]):
                                          # its tokens must follow its seed alone, and they follow its k schedule)
     cached: int = 0                      # prompt tokens in the target's cache (chunked prefill)
     prefilled: bool = False              # the prefill proper ran: the row decodes
+    solo: bool = False                   # it decodes alone on the per-slot engines (open_solo), not in the batch
     last_k: int = 0                      # the drafts its last step verified (0: none yet, so its next drafts start
                                          # with the draft's catch-up: its prefill, or the tokens of k 0 steps)
 
@@ -140,6 +151,10 @@ class Scheduler(Generic[J]):
     batch_policy: BatchPolicy = field(default_factory=NoCap)  # the cap on each row's k at a batch size (batch_k.py)
     row_drafter: RowDrafter | None = None  # drafts together for the rows whose drafter it is (batched_draft.py)
     row_prefill: RowPrefill | None = None  # an iteration's prefill chunks, and its prefills proper, each in one run
+    open_solo: Opener[J] | None = None     # a lone job's row on the per-slot engines (module docstring); None: never solo
+    solo_slot: int = 0                     # the slot a solo row takes (the per-slot engines' captured one)
+    join_batch: Callable[[Row[J]], None] | None = None  # a solo row onto the batched engines when another row is
+                                                        # admitted; None: it stays solo to its end
     clock: Callable[[], float] = time.perf_counter
     waiting: deque[J] = field(default_factory=deque)
     rows: list[Row[J]] = field(default_factory=list)    # admitted, in arrival order
@@ -180,10 +195,15 @@ class Scheduler(Generic[J]):
     # 2. join
     def _join(self) -> None:
         while self.waiting and self.free:
+            solo = self.open_solo is not None and not self.rows and len(self.waiting) == 1 \
+                and self.solo_slot in self.free
             job = self.waiting.popleft()
-            slot = self.free.pop()
+            if solo:
+                self.free.remove(self.solo_slot)
+            slot = self.solo_slot if solo else self.free.pop()
             try:
-                row = self.open_row(job, slot)
+                row = (self.open_solo if solo and self.open_solo is not None else self.open_row)(job, slot)
+                row.solo = solo
                 if row.halted:  # cancelled while it waited
                     self.free.append(slot)
                     self.finish_row(row, row.decoding.finish(cancelled=True))
@@ -194,6 +214,18 @@ class Scheduler(Generic[J]):
                 self.finish_row(Row(job, slot, _NO_DECODING, None), err)
                 continue
             self.rows.append(row)
+            if not solo and self.join_batch is not None:
+                for alone in [r for r in self.rows if r.solo]:
+                    self._join_batch(alone, self.join_batch)
+
+    def _join_batch(self, row: Row[J], join: Callable[[Row[J]], None]) -> None:
+        """A solo row into the batch: from now on it steps with the others (its drafts to catch up first)."""
+        try:
+            join(row)
+        except Exception as err:
+            self._end(row, err)
+            return
+        row.solo, row.last_k = False, 0
 
     # 3. prefill
     def _prefill(self) -> None:
@@ -205,14 +237,19 @@ class Scheduler(Generic[J]):
             if budget <= 0:
                 break
             rest = row.state.length - row.cached
-            picked.append((row, rest <= chunk))
-            budget -= min(rest, chunk)
+            picked.append((row, row.solo or rest <= chunk))  # a solo row: its whole prompt, as alone
+            budget -= rest if row.solo else min(rest, chunk)
         if self.row_prefill is not None:
+            for row in [r for r, _ in picked if r.solo]:
+                self._prefill_solo(row)
+            picked = [(r, final) for r, final in picked if not r.solo]
             self._prefill_together([r for r, final in picked if not final], [r for r, final in picked if final])
             return
         for row, final in picked:
             try:
-                if final:
+                if row.solo:
+                    self._prefill_solo(row)
+                elif final:
                     row.decoding.prefill()
                     self._prefilled(row)
                 else:
@@ -220,6 +257,13 @@ class Scheduler(Generic[J]):
                     row.cached += chunk
             except Exception as err:
                 self._end(row, err)
+
+    def _prefill_solo(self, row: Row[J]) -> None:
+        try:
+            row.decoding.prefill()
+            self._prefilled(row)
+        except Exception as err:
+            self._end(row, err)
 
     def _prefill_together(self, chunks: list[Row[J]], finals: list[Row[J]]) -> None:
         """The chunks in one run, then the prefills proper in one verify run (row_prefill); a run that fails ends its
@@ -263,7 +307,10 @@ class Scheduler(Generic[J]):
 
     # 4. decode
     def _decode(self) -> None:
-        rows = [r for r in self.rows if r.prefilled and not r.halted]
+        decoding = [r for r in self.rows if r.prefilled and not r.halted]
+        for row in [r for r in decoding if r.solo]:
+            self._step_solo(row)
+        rows = [r for r in decoding if not r.solo]
         if not rows:
             return
         cap = self.batch_policy.cap(len(rows))
@@ -308,6 +355,19 @@ class Scheduler(Generic[J]):
                 self._end_if_finished(row)
             except Exception as err:
                 self._end(row, err)
+
+    def _step_solo(self, row: Row[J]) -> None:
+        """A solo row's step, as runtime/loop.py's decode runs it alone: on its own target, its k its policy's."""
+        decoding = row.decoding
+        try:
+            proposal = decoding.draft(decoding.plan())
+            t = self.clock()
+            result = decoding.target.verify(row.state, proposal)
+            decoding.commit(proposal, result, self.clock() - t)
+            row.last_k = proposal.k
+            self._end_if_finished(row)
+        except Exception as err:
+            self._end(row, err)
 
     def _draft_together(self, rows: list[tuple[Row[J], int]]) -> tuple[dict[int, Proposal], float]:
         """(id(row) -> its proposal, the seconds of the rows' catch-up), for the rows the row drafter drafts (one run

@@ -62,7 +62,7 @@ def _batching(pack_dir: Path) -> Iterator[tuple[Pack, BatchedTarget, DeviceCache
     """The pack on SLOTS slots, batching (no cap on k) once the batcher's thread captured its shapes: (pack, its
     batched verify, that verify's device caches, the batcher)."""
     with specpack.load(pack_dir, device="cuda", options=BackendOptions(slots=SLOTS)) as pack:
-        batcher = pack.start_batching(batch_policy=NoCap())
+        batcher = pack.start_batching(batch_policy=NoCap(), solo=False)
         target = batcher.scheduler.verifier
         assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
         assert batcher.prepared.wait(300) and batcher.broken is None, batcher.broken
@@ -126,3 +126,26 @@ def test_fp16_batched_sampling_rows_run_captured_on_the_plain_form(tiny_export: 
     assert all(len(t) > 0 for t in tokens)
     assert captured[0] > 0 and captured[1] and captured[2] is None, captured
     assert in_place, "no batched run bound the model rows' q in place"
+
+
+def test_a_lone_request_runs_solo_on_the_captured_batch_1_graphs(tiny_export: Any) -> None:
+    """A request alone on a batching pack (start_batching's default: solo rows, docs/batching.md "A lone request")
+    decodes on slot 0's batch-1 graphs, captured on the batcher's thread before its first step: its lone tokens, no
+    batched run, no warm-up run during it; then a second request joining a solo one (the solo row moves into the
+    batch: launch-bound caches) keeps both requests' tokens within what fp16 kernels of another shape round apart
+    (first differences printed)."""
+    requests, lone = _lone(_pack(tiny_export), [{"k": None, "new": 48}, {"k": 2}], seed=9)
+    with specpack.load(_pack(tiny_export), device="cuda", options=BackendOptions(slots=SLOTS, precapture="batcher")) as pack:
+        batcher = pack.start_batching(batch_policy=NoCap())
+        assert batcher.prepared.wait(300) and batcher.broken is None, batcher.broken
+        target = batcher.scheduler.verifier
+        before = pack.backend.warmup_runs()
+        alone = pack.submit(requests[0]).result(timeout=300).tokens
+        during, runs_alone = pack.backend.warmup_runs() - before, list(target.runs)
+        first = pack.submit(requests[0])
+        joined = [h.result(timeout=300).tokens for h in (first, pack.submit(requests[1]))]
+    print(f"solo on {ort.get_device()}: warm-up runs before {before}, during the lone request {during}; batched runs "
+          f"then {runs_alone}; joined: first differences {_first_differences(joined, lone)}, batched runs {len(target.runs)}")
+    assert alone == lone[0]
+    assert runs_alone == [] and during == 0, (runs_alone, during)
+    assert all(len(t) > 0 for t in joined)

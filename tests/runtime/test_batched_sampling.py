@@ -62,7 +62,7 @@ def batched_plain(tiny_batched_plain) -> Path:  # type: ignore[no-untyped-def]
 def batched_tokens(pack: Pack, requests: list[GenerateRequest]) -> tuple[list[list[int]], int]:
     """Every request submitted at once through the pack's batched engines (BatchedTarget and the batched draft, no cap
     on k): each request's tokens, and the most rows one verify ran."""
-    batcher = pack.start_batching(batch_policy=NoCap())
+    batcher = pack.start_batching(batch_policy=NoCap(), solo=False)
     target = batcher.scheduler.verifier
     assert isinstance(target, BatchedTarget) and batcher.scheduler.row_drafter is not None
     tokens = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in requests]]
@@ -129,7 +129,7 @@ def test_seeded_requests_get_their_lone_tokens(pack_dir: Path, alone: Pack, grap
     expected = [alone.generate_request(r).tokens for r in requests]
     with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=SLOTS)) as pack:
         target = engine(graph, pack)
-        pack.start_batching(batched=target, batch_policy=NoCap())
+        pack.start_batching(batched=target, batch_policy=NoCap(), solo=False)
         got = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in requests]]
     assert got == expected
     assert target.runs.count(SLOTS) > len(target.runs) // 3  # the rows verified together
@@ -139,7 +139,7 @@ def test_cancelling_one_row_leaves_the_others_alone(pack_dir: Path, alone: Pack,
     requests = _requests(alone)[:3]
     expected = [alone.generate_request(r).tokens for r in requests]
     with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=SLOTS)) as pack:
-        pack.start_batching(batched=engine(graph, pack), batch_policy=NoCap())
+        pack.start_batching(batched=engine(graph, pack), batch_policy=NoCap(), solo=False)
         pieces: list[str] = []
         handles = [pack.submit(r) for r in requests[:1]]
         doomed = pack.submit(requests[1], on_text=pieces.append)
@@ -310,4 +310,4 @@ def test_a_pack_exported_with_max_batch_batches_with_its_own_graphs(tiny_export,
         assert batched_tokens(pack, requests) == (expected, SLOTS)
     with specpack.load(pack_dir, threads=1, options=BackendOptions(slots=SLOTS + 1)) as pack, \
             pytest.raises(SpecpackError, match="exported for"):
-        pack.start_batching()
+        pack.start_batching(solo=False)

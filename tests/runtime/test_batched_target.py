@@ -98,7 +98,7 @@ def test_requests_through_one_run_per_step(tiny_pack, batched_graph: tuple[Path,
         engine = BatchedGreedyTarget(batched_graph[1], num_layers=t.num_layers, kv_heads=t.kv_heads,
                                      head_dim=t.head_dim, width=m.max_len + m.k_max + 1, slots=4, k_max=m.k_max,
                                      threads=1)
-        pack.start_batching(batched=engine)
+        pack.start_batching(batched=engine, solo=False)
         handles = [pack.submit(r) for r in requests]
         assert [h.result(timeout=60).tokens for h in handles] == expected
         assert max(engine.runs) == 4 and engine.runs.count(4) > len(engine.runs) // 2  # most steps: all rows at once
@@ -127,7 +127,7 @@ def test_drafts_and_verifies_through_one_run_each(tiny_pack, batched_graph: tupl
         draft_engine = _engine(batched_draft_graph, m.draft, m, slots=3)
         pack.start_batching(batched=_engine(batched_graph[1], m.target, m, slots=3),
                             batched_draft=BatchedGreedyDrafter(draft_engine),
-                            batch_policy=NoCap())  # every row drafts its own k (the cap would follow this machine)
+                            batch_policy=NoCap(), solo=False)  # every row drafts its own k (the cap would follow this machine)
         out = [h.result(timeout=60) for h in [pack.submit(r) for r in requests]]
     assert [o.tokens for o in out] == [g.tokens for g in lone]
     assert [o.stats.accepted for o in out] == [g.stats.accepted for g in lone]
@@ -161,7 +161,7 @@ def test_rows_catch_up_together_where_a_run_costs_its_launch(tiny_pack, batched_
 
             draft_engine.run = spy  # type: ignore[method-assign]
             pack.start_batching(batched=_engine(batched_graph[1], m.target, m, slots=3), batched_draft=drafter,
-                                batch_policy=NoCap())
+                                batch_policy=NoCap(), solo=False)
             out = [h.result(timeout=60) for h in [pack.submit(r) for r in requests]]
             outcomes[together] = [(o.tokens, o.stats.accepted) for o in out]
             runs[together] = (len(draft_engine.runs), caught)
@@ -228,7 +228,7 @@ def test_an_earlier_packs_greedy_head_drafts_the_same(tiny_pack, batched_draft_g
             drafts = _engine(draft_graph, m.draft, m, slots=2)
             pack.start_batching(batched=_engine(batched_graph[1], m.target, m, slots=2),
                                 batched_draft=BatchedGreedyDrafter(drafts),
-                                batch_policy=NoCap())
+                                batch_policy=NoCap(), solo=False)
             rng = np.random.default_rng(11)
             requests = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 7 + 5 * i).tolist(), 16, k=3,
                                            drafter="model", limits=pack.limits) for i in range(2)]

@@ -94,7 +94,7 @@ def requests(vocab: int) -> list[GenerateRequest]:
 
 
 def batched_tokens(pack: Pack, reqs: list[GenerateRequest]) -> tuple[list[list[int]], BatchedTarget]:
-    batcher = pack.start_batching(batch_policy=NoCap())
+    batcher = pack.start_batching(batch_policy=NoCap(), solo=False)
     target = batcher.scheduler.verifier
     assert isinstance(target, BatchedTarget) and batcher.scheduler.row_drafter is not None
     tokens = [h.result(timeout=120).tokens for h in [pack.submit(r) for r in reqs]]
@@ -208,7 +208,7 @@ def test_a_greedy_batch_binds_no_draft_probs_of_its_own(batched_pack: tuple[Path
     pack_dir, m = batched_pack
     reqs = requests(m.vocab_size)
     with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False) as device:
-        batcher = device.start_batching(batch_policy=NoCap())
+        batcher = device.start_batching(batch_policy=NoCap(), solo=False)
         target = batcher.scheduler.verifier
         assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
         bound: list[tuple[bool, bool]] = []  # (a sampling row in the run, draft_probs is the ignored buffer's view)
@@ -248,7 +248,7 @@ def test_decode_steps_at_fixed_addresses_and_greedy_batches_on_the_greedy_form(
     with open_pack(pack_dir, m, OrtBackend) as host:
         on_host = [batched_tokens(host, reqs)[0] for reqs in batches]
     with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False, batched_greedy=True) as device:
-        batcher = device.start_batching(batch_policy=NoCap())
+        batcher = device.start_batching(batch_policy=NoCap(), solo=False)
         target, drafter = batcher.scheduler.verifier, batcher.scheduler.row_drafter
         assert isinstance(target, BatchedTarget) and isinstance(target.caches, DeviceCaches)
         draft = drafter.engine  # type: ignore[union-attr]
@@ -310,7 +310,7 @@ def test_a_batcher_captures_its_decode_shapes_on_its_own_thread(batched_pack: tu
             real = session.run
             session.run = lambda binding, key, real=real: (threads.add(threading.current_thread().name),  # type: ignore[method-assign]
                                                            real(binding, key))[1]
-        batcher = device.start_batching(batched=engines.target, batched_draft=engines.drafter, batch_policy=NoCap())
+        batcher = device.start_batching(batched=engines.target, batched_draft=engines.drafter, batch_policy=NoCap(), solo=False)
         assert batcher.prepared.wait(60)
         before = device.backend.warmup_runs()
         got = [h.result(timeout=120).tokens for h in [device.submit(r) for r in greedy]]
@@ -334,7 +334,7 @@ def test_joining_rows_prefill_together_where_a_run_costs_its_launch(batched_pack
     reqs = [GenerateRequest.of(rng.integers(0, m.vocab_size - 8, 9 + 3 * i).tolist(), 12, k=1 + i % 3)
             for i in range(SLOTS)]
     with open_pack(pack_dir, m, OrtBackend) as host:
-        host.start_batching(batch_policy=NoCap(), prefill_chunk=8)
+        host.start_batching(batch_policy=NoCap(), prefill_chunk=8, solo=False)
         want = [h.result(timeout=120).tokens for h in [host.submit(r) for r in reqs]]
     with open_pack(pack_dir, m, CudaBackend, device="cpu", precapture=False, batched_greedy=True) as device:
         engines = device.backend.batched_engines(SLOTS)  # type: ignore[attr-defined]
@@ -351,7 +351,7 @@ def test_joining_rows_prefill_together_where_a_run_costs_its_launch(batched_pack
 
         engines.target.verify_rows = verify_rows  # type: ignore[method-assign]
         batcher = device.start_batching(batched=engines.target, batched_draft=engines.drafter, batch_policy=NoCap(),
-                                        prefill_chunk=8)
+                                        prefill_chunk=8, solo=False)
         assert batcher.scheduler.row_prefill is engines.target
         got = [h.result(timeout=120).tokens for h in [device.submit(r) for r in reqs]]
     assert got == want

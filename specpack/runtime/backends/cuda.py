@@ -666,9 +666,10 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
 
     def precapture_thread(self, batched: BatchedRuns | None, drafter: BatchedGreedyDrafter | None) -> int:
         """On a batcher's thread before its first step (ONNX Runtime captures per thread: CAPTURE_RUNS): the batched
-        engines' decode steps (precapture_batched), or, where the batcher verifies per slot (no batched engines), the
-        chains (the load's, on its own thread, unless precapture is "batcher"), on this one, the draft opened first if
-        it was not; nothing without precapture. The runs made (a draft opened here: its captures not counted)."""
+        engines' decode steps (precapture_batched) if it has them, and the per-slot chains (the load's, on its own
+        thread, unless precapture is "batcher"; with batched engines slot 0's, where a solo row decodes) on this one,
+        the draft opened first if it was not; nothing without precapture. The runs made (a draft opened here: its
+        captures not counted)."""
         if not self.precapture:
             return 0
         from specpack.runtime.backends import cuda_precapture as pre
@@ -676,11 +677,13 @@ class CudaBackend(EngineBackend[DeviceTarget, "DeviceDraft | DeviceHead"]):
         m = self.manifest
         if m.draft_model is not None or m.head is not None:
             self.draft().engine.session(True)  # opened now if not yet, not in a request (_open_draft)
+        runs = 0
         if batched is not None:  # the per-slot draft serves sampling rows there (plain ones captured on first use)
             engine = self.draft().engine if m.draft_model is not None else None
             q_of = engine.q if isinstance(engine, DeviceDraft) else None  # sampling rows' q in place (batched_verify)
-            return pre.precapture_batched(batched, drafter, m.max_len, m.k_max, q_of)
-        runs = pre.precapture_target(self._target.engine, m.max_len, m.k_max)
+            runs = pre.precapture_batched(batched, drafter, m.max_len, m.k_max, q_of)
+        # the per-slot chains (slot 0's where batched engines take the batch: a solo row's, scheduler.py)
+        runs += pre.precapture_target(self._target.engine, m.max_len, m.k_max)
         if self.draft_loaded and threading.get_ident() not in self._draft_captured:
             runs += pre.precapture_draft(self.draft().engine, m.max_len, m.k_max)
             self._draft_captured.add(threading.get_ident())
