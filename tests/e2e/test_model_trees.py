@@ -13,7 +13,9 @@ draft model in the tree form), cpu backend and the cuda backend's code on the CP
   a greedy width-1 tree within k_max drafted as a chain, on both backends (and the cuda backend's sampled tokens equal
   the cpu backend's);
 - sampling: the chi-square of test_sampling_distribution.py with model-drafted trees against exact probabilities, and
-  the same test rejects a drafter whose tree peeks at the verify's uniforms (tests/mutations.py, PeekingTrees).
+  the same test rejects a drafter whose tree peeks at the verify's uniforms (tests/mutations.py, PeekingTrees); steps
+  that mix sampled chains and trees (tree auto's "chains first") on both backends (the cuda backend's `slow`), each
+  rejecting a tree's accepted rows left unmoved.
 """
 
 from __future__ import annotations
@@ -313,11 +315,31 @@ class ChainsAndTrees:
 
 
 @pytest.fixture(scope="module")
-def noisy(tiny_export: Callable[..., Path]) -> Iterator[Pack]:
+def noisy_dir(tiny_export: Callable[..., Path]) -> Path:
     """The tree pack of the noisy draft (tiny.py's perturbed copy of the target: it agrees often enough that chains and
     trees accept drafts at most steps)."""
-    pack_dir = tiny_export("qwen2", "noisy", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)
-    loaded = specpack.load(pack_dir, threads=1)
+    return tiny_export("qwen2", "noisy", k=4, max_len=64, kv_cache="static", max_tree_nodes=16)
+
+
+@pytest.fixture(scope="module")
+def noisy(noisy_dir: Path) -> Iterator[Pack]:
+    loaded = specpack.load(noisy_dir, threads=1)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def noisy_dev(noisy_dir: Path) -> Iterator[Pack]:
+    """The same pack on the cuda backend's code on the CPU EP (its trees' rows moved by kv_compact.onnx), one thread."""
+    from specpack.contract.manifest import Manifest
+    from specpack.runtime.backend import BackendOptions
+    from specpack.runtime.backends.cuda import CudaBackend
+    from specpack.runtime.tokenizer import PackTokenizer
+
+    manifest = Manifest.read(noisy_dir)
+    backend = CudaBackend(noisy_dir, manifest, BackendOptions(threads=1), device="cpu", chunked_runs=False,
+                          precapture=False)
+    loaded = Pack(noisy_dir, manifest, PackTokenizer.load(noisy_dir / "tokenizer"), backend)
     yield loaded
     loaded.close()
 
@@ -357,4 +379,31 @@ def test_mixed_steps_with_the_accepted_rows_left_unmoved_are_rejected(noisy: Pac
     drafter = ModelDrafter(noisy.backend.draft, noisy.manifest.k_max)
     p, samples = _mixed(drafter, noisy, tiny_pairs("qwen2", "noisy")[1], SamplingParams(0.7, top_k=5), SAMPLES)
     print(f"rows left unmoved: alpha={samples.alpha:.3f} accepted={samples.accepted} p={p:.4g}")
+    assert p < P_FAIL
+
+
+@pytest.mark.slow  # the cuda backend's mixed steps: about 30 s with its planted defect below
+def test_the_cuda_backends_mixed_steps_keep_the_distribution(noisy_dev: Pack,
+                                                             tiny_pairs: Callable[..., tuple[Path, Path]]) -> None:
+    """test_sampled_chains_and_trees_mixed_keep_the_distribution on the cuda backend's code (CPU EP): its own tree
+    verify, device caches and kv_compact.onnx moving a tree's accepted rows; the chi-square of the mixed steps
+    against exact probabilities."""
+    drafter = ModelDrafter(noisy_dev.backend.draft, noisy_dev.manifest.k_max)
+    p, samples = _mixed(drafter, noisy_dev, tiny_pairs("qwen2", "noisy")[1], SamplingParams(0.7, top_k=5), SAMPLES)
+    print(f"cuda backend, chains and trees: alpha={samples.alpha:.3f} accepted={samples.accepted} p={p:.4g}")
+    assert samples.accepted > SAMPLES // 2
+    assert p > P_FAIL
+
+
+@pytest.mark.slow
+def test_the_cuda_backends_mixed_steps_without_the_compaction_are_rejected(
+        noisy_dev: Pack, tiny_pairs: Callable[..., tuple[Path, Path]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same test kills the cuda backend's planted defect: kv_compact.onnx never run (DeviceStaticKVCache.keep_rows a
+    no-op), so a tree's accepted rows stay where the tree put them."""
+    from specpack.runtime.device_buffers import DeviceStaticKVCache
+
+    monkeypatch.setattr(DeviceStaticKVCache, "keep_rows", lambda self, start, rows: None)
+    drafter = ModelDrafter(noisy_dev.backend.draft, noisy_dev.manifest.k_max)
+    p, samples = _mixed(drafter, noisy_dev, tiny_pairs("qwen2", "noisy")[1], SamplingParams(0.7, top_k=5), SAMPLES)
+    print(f"cuda backend, rows left unmoved: alpha={samples.alpha:.3f} accepted={samples.accepted} p={p:.4g}")
     assert p < P_FAIL
