@@ -45,10 +45,7 @@ def decode(state: DecodeState, target: TargetModel, drafter: Drafter, policy: KP
     while not state.finished:
         if cancel is not None and cancel.is_set():
             return run.finish(cancelled=True)
-        proposal = run.draft(run.plan())
-        t_verify = clock()
-        result = target.verify(state, proposal)
-        run.commit(proposal, result, clock() - t_verify)
+        run.step()
     return run.finish(cancelled=False)
 
 
@@ -121,8 +118,16 @@ class Decoding:
         """3. Draft, done by the caller for several requests at once (a batched drafter): this request's share of it."""
         self._draft_s = draft_s
 
-    # 4. Verify (the caller): the last committed token and the drafts in one target pass; its cache keeps the
-    #    accepted part. verify_s: the verify's time as this request's step pays it.
+    # 4. Verify (the caller, or `step`): the last committed token and the drafts in one target pass; its cache keeps
+    #    the accepted part. verify_s: the verify's time as this request's step pays it.
+
+    def step(self) -> Proposal:
+        """2-5 alone: plan, draft, this request's own verify, commit (decode's step, and a scheduler's solo row's)."""
+        proposal = self.draft(self.plan())
+        t = self.clock()
+        result = self.target.verify(self.state, proposal)
+        self.commit(proposal, result, self.clock() - t)
+        return proposal
 
     def commit(self, proposal: Proposal, result: VerifyResult, verify_s: float) -> None:
         """5. Commit the accepted drafts (already in place) and the next token; the drafter drops the rest."""

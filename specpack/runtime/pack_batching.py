@@ -57,11 +57,11 @@ class PackRows:
     """The scheduler's opener and finisher for one pack."""
 
     def __init__(self, pack: Pack, target: TargetModel, model_drafter: Drafter | None = None,
-                 batched: list[BatchedRuns] | None = None) -> None:
+                 batched_draft: BatchedRuns | None = None) -> None:
         """model_drafter: in place of the pack's own for requests with the "model" drafter (a batched drafter);
-        batched: the batched engines (target, draft) whose slot a solo row takes (`open_solo`)."""
+        batched_draft: its engine, whose slot a solo row takes (`open_solo`)."""
         self.pack, self.target, self.model_drafter = pack, target, model_drafter
-        self.batched = batched or []
+        self.batched_draft = batched_draft
         self.batcher: Batcher[PackJob] | None = None  # told when a job finishes
 
     def open(self, job: PackJob, slot: int) -> Row[PackJob]:
@@ -69,21 +69,17 @@ class PackRows:
 
     def open_solo(self, job: PackJob, slot: int) -> Row[PackJob]:
         """The job's row alone on the pack's per-slot engines, as Pack.run decodes it (scheduler.py, solo rows); the
-        batched engines' rows of its slot emptied (their pad rows there write from 0: no run narrows for it)."""
+        batched draft's rows of its slot emptied (its pad rows there write from 0: no run narrows for it; the
+        scheduler empties the batched target's)."""
         row = self._open(job, slot, self.pack.backend.target(), None)
-        for engine in self.batched:
-            engine.reset(row.state)
+        if self.batched_draft is not None:
+            self.batched_draft.reset(row.state)
         return row
 
-    def join_batch(self, row: Row[PackJob]) -> None:
-        """A solo row onto the batched engines (scheduler.py, `join_batch`): the batched target over its committed
-        tokens but the last in one run (its slot's rows there were emptied at open_solo), the batched greedy draft for
-        a greedy model row (its cache caught up at its next drafts, as a new row's)."""
+    def on_join(self, row: Row[PackJob]) -> None:
+        """A solo row's drafter as it joins the batch (scheduler.py, `on_join`): the batched greedy draft for a greedy
+        model row (its cache caught up at its next drafts, as a new row's)."""
         state, decoding = row.state, row.decoding
-        target: ChunkedTarget = self.target  # type: ignore[assignment]  # a batched target (start_batching)
-        decoding.target = target
-        if row.prefilled and state.length > 1:
-            target.prefill_chunk(state, state.length - 1)
         if self.model_drafter is not None and decoding.drafter is self.pack.drafters.get("model") \
                 and state.params.greedy:
             decoding.drafter = self.model_drafter
@@ -145,8 +141,7 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
             batched, batched_draft = engines.target, batched_draft or engines.drafter
             closers = [engines.target.close] + ([engines.drafter.engine.close] if engines.drafter is not None else [])
     if batched is not None:  # one run per step: speculation is turned down as the batch grows (batch_k.py)
-        engines = [batched] + ([batched_draft.engine] if batched_draft is not None else [])
-        rows = PackRows(pack, batched, batched_draft, engines)
+        rows = PackRows(pack, batched, batched_draft, batched_draft.engine if batched_draft is not None else None)
         scheduler = Scheduler(config, batched, rows.open, rows.finish, batched,
                               batch_policy=batch_policy or BatchKCap(pack.manifest.k_max, max_batch,
                                                                      warmups=pack.backend.warmup_runs),
@@ -155,7 +150,7 @@ def start_batching(pack: Pack, max_batch: int, max_waiting: int, prefill_chunk: 
                               open_solo=rows.open_solo if solo else None,
                               # where a run costs its launch a solo step beside the batch's would add to every
                               # iteration: the solo row joins the batch (scheduler.py)
-                              join_batch=rows.join_batch if batched.caches.launch_bound else None)
+                              solo_joins=batched.caches.launch_bound, on_join=rows.on_join)
     else:
         target = pack.backend.target()
         if not hasattr(target, "prefill_chunk"):

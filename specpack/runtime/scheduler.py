@@ -17,10 +17,12 @@ One `Scheduler.step()` is one iteration over every admitted request (a row), in 
 Solo rows (`open_solo`: a batched engine's scheduler, docs/batching.md "A lone request"): a request admitted alone
 decodes as Pack.run decodes it, on the per-slot engines of slot `solo_slot` (the batch-1 graphs and their captured
 shapes): its whole prompt in its prefill, then its own steps (plan, draft, verify, commit), never capped by the batch
-and never observed by its policy. Requests that arrive meanwhile batch as usual on the other slots; with `join_batch`
-(where a batched run costs its launch: a solo step beside the batch's run would lengthen every iteration) the solo
-row joins the batch as the first of them is admitted (join_batch moves it onto the batched engines: its cache rows
-there from one prefill run), else it steps beside the batch's run to its end (where a run costs its rows: the CPU).
+and never observed by its policy; its slot's rows in the batched target are emptied when it is admitted. Requests that
+arrive meanwhile batch as usual on the other slots; with `solo_joins` (where a batched run costs its launch: a solo
+step beside the batch's run would lengthen every iteration) the solo row joins the batch as the first of them is
+admitted (its decoding's target becomes the batched one, its cache rows there from one prefill run over its
+committed tokens but the last; `on_join`: the caller's part, e.g. its drafter), else it steps beside the batch's run
+to its end (where a run costs its rows: the CPU).
 
 A row's chunk boundaries depend on its own prompt only (multiples of prefill_chunk), never on the other rows, so a
 request decodes the same tokens whatever it is batched with. Nothing here is thread-safe: one thread (the Batcher,
@@ -153,8 +155,8 @@ class Scheduler(Generic[J]):
     row_prefill: RowPrefill | None = None  # an iteration's prefill chunks, and its prefills proper, each in one run
     open_solo: Opener[J] | None = None     # a lone job's row on the per-slot engines (module docstring); None: never solo
     solo_slot: int = 0                     # the slot a solo row takes (the per-slot engines' captured one)
-    join_batch: Callable[[Row[J]], None] | None = None  # a solo row onto the batched engines when another row is
-                                                        # admitted; None: it stays solo to its end
+    solo_joins: bool = False               # a solo row joins the batch when another row is admitted (else solo to its end)
+    on_join: Callable[[Row[J]], None] | None = None  # the caller's part of a solo row's join (its drafter)
     clock: Callable[[], float] = time.perf_counter
     waiting: deque[J] = field(default_factory=deque)
     rows: list[Row[J]] = field(default_factory=list)    # admitted, in arrival order
@@ -204,6 +206,8 @@ class Scheduler(Generic[J]):
             try:
                 row = (self.open_solo if solo and self.open_solo is not None else self.open_row)(job, slot)
                 row.solo = solo
+                if solo:
+                    self.target.reset(row.state)  # the batched rows of its slot: a join fills them from 0
                 if row.halted:  # cancelled while it waited
                     self.free.append(slot)
                     self.finish_row(row, row.decoding.finish(cancelled=True))
@@ -214,14 +218,20 @@ class Scheduler(Generic[J]):
                 self.finish_row(Row(job, slot, _NO_DECODING, None), err)
                 continue
             self.rows.append(row)
-            if not solo and self.join_batch is not None:
+            if not solo and self.solo_joins:
                 for alone in [r for r in self.rows if r.solo]:
-                    self._join_batch(alone, self.join_batch)
+                    self._join_batch(alone)
 
-    def _join_batch(self, row: Row[J], join: Callable[[Row[J]], None]) -> None:
-        """A solo row into the batch: from now on it steps with the others (its drafts to catch up first)."""
+    def _join_batch(self, row: Row[J]) -> None:
+        """A solo row into the batch (the module docstring): from now on it steps with the others (its drafts to catch
+        up first)."""
+        state = row.state
         try:
-            join(row)
+            row.decoding.target = self.target
+            if row.prefilled and state.length > 1:
+                self.target.prefill_chunk(state, state.length - 1)
+            if self.on_join is not None:
+                self.on_join(row)
         except Exception as err:
             self._end(row, err)
             return
@@ -358,13 +368,8 @@ class Scheduler(Generic[J]):
 
     def _step_solo(self, row: Row[J]) -> None:
         """A solo row's step, as runtime/loop.py's decode runs it alone: on its own target, its k its policy's."""
-        decoding = row.decoding
         try:
-            proposal = decoding.draft(decoding.plan())
-            t = self.clock()
-            result = decoding.target.verify(row.state, proposal)
-            decoding.commit(proposal, result, self.clock() - t)
-            row.last_k = proposal.k
+            row.last_k = row.decoding.step().k
             self._end_if_finished(row)
         except Exception as err:
             self._end(row, err)

@@ -331,15 +331,9 @@ def noisy(noisy_dir: Path) -> Iterator[Pack]:
 @pytest.fixture(scope="module")
 def noisy_dev(noisy_dir: Path) -> Iterator[Pack]:
     """The same pack on the cuda backend's code on the CPU EP (its trees' rows moved by kv_compact.onnx), one thread."""
-    from specpack.contract.manifest import Manifest
-    from specpack.runtime.backend import BackendOptions
-    from specpack.runtime.backends.cuda import CudaBackend
-    from specpack.runtime.tokenizer import PackTokenizer
+    from tests.runtime.test_cuda_backend import device_pack
 
-    manifest = Manifest.read(noisy_dir)
-    backend = CudaBackend(noisy_dir, manifest, BackendOptions(threads=1), device="cpu", chunked_runs=False,
-                          precapture=False)
-    loaded = Pack(noisy_dir, manifest, PackTokenizer.load(noisy_dir / "tokenizer"), backend)
+    loaded = device_pack(noisy_dir, threads=1)
     yield loaded
     loaded.close()
 

@@ -7,7 +7,9 @@ static form with graphs/batched_head.py): sampling requests through the schedule
 - Chi-square per request under batching: STREAMS of generations (each its own setting and k) run mixed in batches of
   up to 4 rows through the scheduler; each stream's continuations against exact probabilities from the target's
   transformers model (tests/e2e/test_sampling_distribution.py's partitions). The same test with the head built by
-  the `draft_counts_ignored` mutation (tests/mutations.py) fails it.
+  the `draft_counts_ignored` mutation (tests/mutations.py) fails it. The same with solo rows that join the batch
+  (scheduler.py): p 0.15 / 0.61 / 0.60 at 600 (each generation's tokens are its lone tokens, so the streams' p equal
+  the batched ones'); a join that marks its rows cached without running them fails it (p 0 for the k 3 stream).
 
 Power (docs/testing.md). SAMPLES = 600 generations per stream (three streams in one scheduler), P_FAIL = 1e-3: each
 stream's bins detect an effect of Cohen's w >= 0.31-0.35 with 99 % power (`detectable_effect`); the slow set repeats
@@ -23,7 +25,9 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -161,14 +165,17 @@ def exact(tiny_pack, alone: Pack) -> PartitionFor:  # type: ignore[no-untyped-de
 
 
 def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together: bool = False,
-                 swapped: bool = False, streams: list[tuple[SamplingParams, int]] = STREAMS
+                 swapped: bool = False, streams: list[tuple[SamplingParams, int]] = STREAMS, solo: bool = False
                  ) -> list[list[tuple[int, ...]]]:
     """n generations per `streams` stream, submitted round-robin to one scheduler over BatchedTarget: rows of different
     settings and k verify together. Each generation has its own seed, asks k + 2 tokens, and leaves as soon as its
     tokens fix its bin (a halted row: the scheduler's leave phase). together: the joining rows' prefills in one run
     (Scheduler.row_prefill, as on a GPU), so their first tokens are drawn in one run; swapped (a planted defect):
-    that run's results handed to its rows in reverse order. A graph without top_k / top_p inputs (the plain form)
-    is handed the others only, as DeviceCaches binds a form's own inputs."""
+    that run's results handed to its rows in reverse order. solo: solo rows that join the batch (scheduler.py, as on
+    a GPU): round i's generation of stream i % len(streams) is admitted alone (its prefill and one step on the pack's
+    per-slot target), then the round's others, whose admission moves it onto the batched target; rounds one after the
+    other. A graph without top_k / top_p inputs (the plain form) is handed the others only, as DeviceCaches binds a
+    form's own inputs."""
     m, prompt = pack.manifest, pack.encode(PROMPT)
     target = engine(graph, pack)
     wanted, run = target.caches.input_names, target.caches.run
@@ -187,7 +194,7 @@ def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together:
     with pack.exclusive():
         drafter = pack.drafters["model"]
 
-        def open_row(job: tuple[int, int], slot: int) -> Row[tuple[int, int]]:
+        def open_row(job: tuple[int, int], slot: int, verifier: Any = target) -> Row[tuple[int, int]]:
             s, i = job
             params, k = streams[s]
             part = exact(params, k + 2, n)
@@ -200,22 +207,35 @@ def draw_streams(pack: Pack, graph: Path, exact: PartitionFor, n: int, together:
                 if part.decided(tuple(state.out)):
                     halt.set()
 
-            return Row(job, slot, Decoding(state, target, drafter, FixedK(k), on_tokens), halt, own_k=True)
+            return Row(job, slot, Decoding(state, verifier, drafter, FixedK(k), on_tokens), halt, own_k=True)
 
         def finish_row(row: Row[tuple[int, int]], outcome: str | BaseException) -> None:
             if isinstance(outcome, BaseException):
                 raise outcome
             out[row.job[0]].append(tuple(row.state.out))
 
+        per_slot = pack.backend.target()
         scheduler = Scheduler(SchedulerConfig(max_batch=SLOTS), target, open_row, finish_row, target,
-                              batch_policy=NoCap(), row_prefill=target if together else None)
-        for i in range(n):
-            for s in range(len(streams)):
-                scheduler.add((s, i))
-        while not scheduler.idle:
-            scheduler.step()
+                              batch_policy=NoCap(), row_prefill=target if together else None,
+                              open_solo=partial(open_row, verifier=per_slot) if solo else None, solo_joins=solo)
+        if solo:
+            for i in range(n):
+                first = i % len(streams)
+                scheduler.add((first, i))
+                scheduler.step()  # admitted alone: its prefill and a step on the per-slot target
+                for s in range(len(streams)):
+                    if s != first:
+                        scheduler.add((s, i))
+                while not scheduler.idle:
+                    scheduler.step()
+        else:
+            for i in range(n):
+                for s in range(len(streams)):
+                    scheduler.add((s, i))
+            while not scheduler.idle:
+                scheduler.step()
     target.close()
-    assert max(target.runs) == SLOTS
+    assert max(target.runs) == (len(streams) if solo else SLOTS)  # solo: a round's rows, the joined one among them
     return out
 
 
@@ -236,6 +256,29 @@ def test_each_request_has_the_targets_distribution_under_batching(slots_pack: Pa
     print(f"batched streams {STREAMS} n={n} prefills together {together}: p = {ps}, detectable w = "
           f"{[round(detectable_effect(n, len(exact(p, k + 2, n).probs)), 3) for p, k in STREAMS]}")
     assert min(ps) > P_FAIL
+
+
+def test_solo_rows_that_join_the_batch_keep_each_requests_distribution(slots_pack: Pack, graph: Path,
+                                                                      exact: PartitionFor) -> None:
+    """Solo rows (scheduler.py): a generation admitted alone draws its first token and a step on the per-slot target,
+    then joins the batch (its rows in the batched caches from one prefill run) as the others are admitted; every
+    stream's chi-square, a third of its generations so."""
+    ps = pvalues(draw_streams(slots_pack, graph, exact, SAMPLES, solo=True), exact, SAMPLES)
+    print(f"solo rows joining: p = {ps}")
+    assert min(ps) > P_FAIL
+
+
+def test_solo_rows_joining_without_their_cache_rows_fail_it(slots_pack: Pack, graph: Path, exact: PartitionFor,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The join's planted defect: its prefill run marks the rows cached without running (the batched caches hold a
+    previous request's rows there), so the joined row's next steps read a wrong context."""
+    def marked(self: BatchedTarget, state: DecodeState, end: int) -> None:
+        self.lengths[state.slot] = end
+
+    monkeypatch.setattr(BatchedTarget, "prefill_chunk", marked)
+    ps = pvalues(draw_streams(slots_pack, graph, exact, SAMPLES, solo=True), exact, SAMPLES)
+    print(f"solo rows joining without their rows: p = {ps}")
+    assert min(ps) < P_FAIL
 
 
 def test_a_head_that_ignores_draft_counts_fails_it(batched_plain: Path, slots_pack: Pack, exact: PartitionFor,

@@ -21,9 +21,10 @@ from specpack.sampling import SamplingParams
 
 
 def device_pack(pack_dir: Path, slots: int = 1, chunked_runs: bool = False, pad_single_steps: bool = True,
-                precapture: bool = False) -> Pack:
+                precapture: bool = False, threads: int | None = None) -> Pack:
     manifest = Manifest.read(pack_dir)
-    backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots, pad_single_steps=pad_single_steps),
+    backend = CudaBackend(pack_dir, manifest, BackendOptions(slots=slots, pad_single_steps=pad_single_steps,
+                                                             threads=threads),
                           device="cpu", chunked_runs=chunked_runs, precapture=precapture)
     return Pack(pack_dir, manifest, PackTokenizer.load(pack_dir / "tokenizer"), backend)
 

@@ -8,7 +8,7 @@ test_cuda_batched's pack (the tiny pair's static pack with its batched graphs fo
 - a long greedy request admitted alone stays solo while five more (greedy and seeded sampling, model and n-gram
   drafters) join and batch beside it, never on its slot: every request its lone tokens;
 - where a batched run costs its launch (the caches set launch-bound, as on a GPU), a solo row (greedy or seeded
-  sampling) joins the batch as the first other row is admitted (`join_batch`: its cache rows there from one prefill
+  sampling) joins the batch as the first other row is admitted (`solo_joins`: its cache rows there from one prefill
   run, a greedy row's drafts from the batched draft): every request its lone tokens, no solo row beside others.
 """
 
@@ -26,9 +26,8 @@ from specpack.contract.manifest import Manifest
 from specpack.runtime.backends.cpu import OrtBackend
 from specpack.runtime.backends.cuda import CudaBackend
 from specpack.runtime.pack import Pack
-from specpack.runtime.pack_batching import PackRows
 from specpack.runtime.request import GenerateRequest
-from specpack.runtime.scheduler import Row
+from specpack.runtime.scheduler import Row, Scheduler
 from tests.runtime.test_cuda_batched import SLOTS, batched_pack, open_pack, requests
 
 __all__ = ["batched_pack"]  # the fixture, used by name
@@ -75,13 +74,13 @@ def test_a_solo_row_joins_the_batch_where_a_run_costs_its_launch(batched_pack: t
                                max_new_tokens=32)
     kind, options = BACKENDS["cuda-on-cpu-ep"]
     joined: list[tuple[int, int]] = []  # (the row's committed tokens, its cached rows in the batched target) at its join
-    real = PackRows.join_batch
+    real = Scheduler._join_batch
 
-    def join_batch(self: PackRows, row: Row[Any]) -> None:
+    def join_batch(self: Scheduler[Any], row: Row[Any]) -> None:
         real(self, row)
         joined.append((row.state.length, engines.target.lengths[row.slot]))
 
-    monkeypatch.setattr(PackRows, "join_batch", join_batch)
+    monkeypatch.setattr(Scheduler, "_join_batch", join_batch)
     with open_pack(pack_dir, m, kind, **options) as pack:
         engines = pack.backend.batched_engines(SLOTS)  # type: ignore[attr-defined]
         for caches in (engines.target.caches, engines.drafter.engine.caches):
