@@ -3,6 +3,8 @@
 # serve_load_gpu.sh, the GPU tests), then show the logs' tails and copy the JSON and the logs to $OUT (files back from
 # a call: bench/device/launch_head_run.sh's outputs), and the keep pieces named in KEEP (at most 8 files come back a
 # call: past that a file is not copied, and said so; with GPU_BATCHED's four files, KEEP takes at most 2 pieces).
+# Here, once every piece is back: python bench/device/reassemble_keep.py DEST FOLDER... (the pieces joined, each file
+# checked against keep.json's sha256).
 wait_s=${1:-300}
 running="bench/gpu_head.py|bench/gpu_batched.py|serve_load_gpu.sh|m pytest -q -m gpu"
 for _ in $(seq "$wait_s"); do pgrep -f "$running" > /dev/null || break; sleep 1; done

@@ -10,11 +10,11 @@ from specpack.errors import SpecpackError
 DEVICES = ("cpu", "cuda")
 DEFAULT_SUBSET = 32_768  # FR-Spec / EAGLE-3 size for a ~150k vocabulary (docs/design/heads_and_trees.md §3.4)
 # The default recipe on a GPU (`for_device("cuda")`; the dataclass's own defaults are the CPU's, sized for the tiny test
-# models): about 20 minutes on an H100 for the 1.5B target, from rates measured there (bench/README.md, "Data
-# generation's attention, and Run J"): 16,384 self-instruct requests and 1,024 seed prompts answered 1,024 at a time
-# (20.6 k new tokens/s sampled; cache 28 layers x K,V x 2 heads x 128 x 2 B = 28 KiB a token, so about 13 GB at 1,024
-# rows of ~200 prompt + 256 answer tokens, by arithmetic; 9.9 GiB peak measured at 48 new tokens), about 6 M tokens with
-# the stdlib text, in about 8 minutes; 4,000 steps of 8 windows at 137 ms, about 9 minutes (Run I's head took about
+# models): 16,384 self-instruct requests and 1,024 seed prompts answered 1,024 at a time (cache 28 layers x K,V x 2 heads
+# x 128 x 2 B = 28 KiB a token, so about 13 GB at 1,024 rows of ~200 prompt + 256 answer tokens, by arithmetic; 9.9 GiB
+# peak measured at 48 new tokens), about 5 M tokens with the stdlib text, then 4,000 steps of 8 windows. Measured as one
+# run on an H100 for the 1.5B target (bench/README.md, "Run K"; 3,300 steps, generation batch 2,048): 6 minutes for
+# loading, data and probe, 131.6 ms a step, 13.6 minutes in all: about 15 with 4,000 steps (Run I's head took about
 # 5,400 over 8.6 M tokens).
 CUDA_RECIPE: dict[str, int] = {"steps": 4_000, "batch": 8, "self_prompts": 1_024, "self_instruct": 16_384,
                                "generation_batch": 1_024}

@@ -108,6 +108,15 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
         if heldout.size and (not evals or evals[-1]["step"] != step):
             evals.append({"step": step, **_evaluate(head, target, corpus, heldout, config)})
 
+    pending: list[torch.Tensor] = []  # [1 + 2 K] metrics of the steps not read back yet (_step_metrics)
+
+    def flush(step: int) -> None:
+        """The pending steps' metrics into the window, in one copy from the device (and the progress bar)."""
+        if pending:
+            window.extend(torch.stack(pending).tolist())
+            pending.clear()
+            bar(step, window[-1][0], window[-1][1 + config.ttt_steps:])
+
     began = time.monotonic()
     step = start
     windows, heldout = _split(_windows(corpus, config.seq_len))
@@ -121,23 +130,25 @@ def distill(target_src: str, out: Path, config: DistillConfig | None = None) -> 
                 break
             for group in optimizer.param_groups:
                 group["lr"] = _lr(config, step)
-            total, per_step, top1 = _train_step(head, target, corpus, windows, config, step, num_layers)
+            total, metrics = _train_step(head, target, corpus, windows, config, step, num_layers)
             optimizer.zero_grad(set_to_none=True)
             total.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), config.grad_clip)
             optimizer.step()
             step += 1
-            window.append([float(total.detach()), *per_step, *top1])
+            pending.append(metrics)
+            if step % config.log_every == 0 or step % config.checkpoint_every == 0 or step == config.steps:
+                flush(step)
             if step % config.log_every == 0 or step == config.steps:  # a point: the mean since the last one
                 mean = np.mean(window, axis=0).tolist()
                 k = config.ttt_steps
                 losses.append({"step": step, "loss": round(mean[0], 6), "per_step": [round(v, 6) for v in mean[1:1 + k]],
                                "top1": [round(v, 4) for v in mean[1 + k:]]})
                 window.clear()
-            bar(step, float(total.detach()), top1)
             if step % config.checkpoint_every == 0 and step < config.steps:
                 evaluate(step)
                 checkpoint(step, wall + time.monotonic() - began)
+        flush(step)  # a run stopped early (--max-minutes, --stop-at) keeps its last steps' metrics in the checkpoint
     evaluate(step)
     elapsed = wall + time.monotonic() - began
     checkpoint(step, elapsed)
@@ -236,10 +247,10 @@ def _evaluate(head: DraftHead, target: Any, corpus: Corpus, heldout: np.ndarray,
         for first in range(0, chosen.size, config.batch):
             starts = chosen[first:first + config.batch]
             index = starts[:, None] + np.arange(config.seq_len)[None, :]
-            _, per_step, top1 = _step_metrics(head, target, corpus.ids[index].astype(np.int64), corpus.mask[index],
-                                              config)
-            hits += np.asarray(top1) * starts.size
-            loss += np.asarray(per_step) * starts.size
+            _, metrics = _step_metrics(head, target, corpus.ids[index].astype(np.int64), corpus.mask[index], config)
+            values = metrics.cpu().numpy()
+            loss += values[1:1 + config.ttt_steps] * starts.size
+            hits += values[1 + config.ttt_steps:] * starts.size
             batches += starts.size
     return {"windows": int(chosen.size), "top1": [round(float(v), 4) for v in hits / batches],
             "loss": [round(float(v), 6) for v in loss / batches]}
@@ -254,15 +265,17 @@ def _batch(corpus: Corpus, windows: np.ndarray, config: DistillConfig, step: int
 
 
 def _train_step(head: DraftHead, target: Any, corpus: Corpus, windows: np.ndarray, config: DistillConfig, step: int,
-                num_layers: int) -> tuple[torch.Tensor, list[float], list[float]]:
-    """The step's weighted loss (with its graph), the loss and top-1 agreement of each training-time-test step."""
+                num_layers: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's weighted loss (with its graph) and its metrics (_step_metrics)."""
     ids_np, mask_np = _batch(corpus, windows, config, step)
     return _step_metrics(head, target, ids_np, mask_np, config)
 
 
 def _step_metrics(head: DraftHead, target: Any, ids_np: np.ndarray, mask_np: np.ndarray, config: DistillConfig
-                  ) -> tuple[torch.Tensor, list[float], list[float]]:
-    """On windows ids [B, N] (mask [B, N]): the weighted loss, and the loss and top-1 of each training-time-test step."""
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """On windows ids [B, N] (mask [B, N]): the weighted loss, and metrics [1 + 2 K] on the device (the loss, then
+    the loss and the top-1 agreement of each of the K training-time-test steps): read back only where they are
+    reported, so a step never waits for the GPU before its backward is queued."""
     import torch
 
     from specpack.heads.model import STEP_WEIGHT, soft_kl
@@ -271,11 +284,11 @@ def _step_metrics(head: DraftHead, target: Any, ids_np: np.ndarray, mask_np: np.
     with torch.no_grad():
         out = target(input_ids=ids, output_hidden_states=True)
         features = torch.cat([out.hidden_states[t] for t in head.config.taps], dim=-1).float()  # [B, N, F]
-        logits = out.logits[:, 1:].float()  # [B, n, V]: position t + 1's distribution, the label of row t
-        best = logits.argmax(-1)  # [B, n]
+        logits = out.logits[:, 1:]  # [B, n, V] (bf16 on a GPU): position t + 1's distribution, the label of row t
+        best = logits.argmax(-1)  # [B, n]: what fp32 values of these logits give (an exact widening), without them
         in_subset = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         in_subset[head.subset] = True
-        p = torch.softmax(logits[..., head.subset], dim=-1)  # [B, n, V_sub]
+        p = torch.softmax(logits[..., head.subset].float(), dim=-1)  # [B, n, V_sub]
         best_sub = p.argmax(-1)
         mask = torch.from_numpy(mask_np).to(config.device).bool()
         label_counts = torch.cat([mask[:, 2:], mask[:, -1:]], dim=1)  # row t predicts token t + 2
@@ -290,10 +303,10 @@ def _step_metrics(head: DraftHead, target: Any, ids_np: np.ndarray, mask_np: np.
         rows_i = valid & (rows >= i)
         loss = soft_kl(step_logits, p, rows_i)
         total = total + STEP_WEIGHT ** i * loss
-        per_step.append(float(loss.detach()))
-        hits = (step_logits.argmax(-1) == best_sub) & rows_i
-        top1.append(float(hits.sum()) / max(1, int(rows_i.sum())))
-    return total, per_step, top1
+        per_step.append(loss.detach())
+        hits = ((step_logits.argmax(-1) == best_sub) & rows_i).sum()
+        top1.append(hits / rows_i.sum().clamp(min=1))
+    return total, torch.stack([total.detach(), *per_step, *top1]).double()
 
 
 def _lr(config: DistillConfig, step: int) -> float:
