@@ -5,7 +5,10 @@
         --out bench/results/cpu_head_vs_model.json [--prompts-per-file 6] [--max-new-tokens 96] [--threads 2]
 
 Both packs are loaded once; each prompt is decoded greedily by every configuration back to back (AR through each
-pack's own verify graph, the model drafter at adaptive k and k 4, each head at adaptive k and k 1-3). Reported:
+pack's own verify graph, the model drafter at adaptive k and k 4, each head at adaptive k and k 1-3), in an order
+rotated by one configuration per prompt (`--order rotate`, the default), so that no configuration always takes the
+same place, such as the first run on a pack after the other pack's runs (`--order fixed`: the list's order for every
+prompt, as before 2026-12-08; bench/README.md, "Run L's head, both packs static"). Reported:
 per configuration the median over prompts of decode tokens/s (after the first token) and of the speedup over its
 own pack's AR, and each head's tokens/s over the model drafter's (adaptive vs adaptive, best fixed vs best fixed).
 Several --head-pack (e.g. one head unquantized and `--quantize-draft int4`): each runs at adaptive k and k 1-3 (chains,
@@ -51,6 +54,8 @@ def main() -> None:
     parser.add_argument("--prompts-per-file", type=int, default=6)
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--order", choices=["rotate", "fixed"], default="rotate",
+                        help="the configurations' order per prompt: rotated by one per prompt, or always the same")
     parser.add_argument("--trees", nargs="*", default=["auto", "4"],
                         help="tree settings for head packs with a tree verify graph (auto or a node count)")
     args = parser.parse_args()
@@ -67,9 +72,10 @@ def main() -> None:
     for _, pack, drafter, k, tree in configs:  # warm-up: sessions, adaptive k's first costs
         packs[pack].generate(prompts[0].text, 16, k=k, drafter=drafter, chat=prompts[0].chat, tree=tree)
     rows: list[dict[str, Any]] = []
-    for prompt in prompts:
+    for index, prompt in enumerate(prompts):
         row: dict[str, Any] = {"id": prompt.id}
-        for label, pack, drafter, k, tree in configs:
+        turn = index % len(configs) if args.order == "rotate" else 0
+        for label, pack, drafter, k, tree in [*configs[turn:], *configs[:turn]]:
             out = packs[pack].generate(prompt.text, args.max_new_tokens, k=k, drafter=drafter, chat=prompt.chat,
                                        tree=tree)
             row[label] = {"tokens_per_s": out.stats["tokens_per_s"], "alpha": out.stats["alpha"],
@@ -98,7 +104,7 @@ def main() -> None:
     result = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
                           "loadavg_start_end": [load_start, os.getloadavg()], "threads": args.threads},
               "packs": {"model": args.model_pack, **dict(zip(heads, args.head_pack, strict=True))},
-              "max_new_tokens": args.max_new_tokens,
+              "max_new_tokens": args.max_new_tokens, "order": args.order,
               "rows": rows, "summary": summary, "head_over_model": head_vs_model, "time": time.ctime()}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({"summary": summary, "head_over_model": head_vs_model}, indent=1))
