@@ -29,8 +29,11 @@ interpolated linearly between measured ks and extrapolated with the nearest segm
 flatter one than the prior relative slope (`verify_slope`: timings flat within noise must not make an unmeasured
 k look free), nor, above the measured ks, than the slope over the whole measured range (with int4 weights on a
 2-core CPU each row costs more than the last, v(4) = 1.9; one noisy flat segment made k 7-8 look cheap to prompt
-lookup there); while a single k is measured, with the prior relative slope. A request starts at `first_k`;
-k = 0 is measured as soon as it looks best, or as a neighbour of k = 1.
+lookup there); while a single k is measured, with the prior relative slope. Where the backend pads a greedy single
+step to two rows (`padded_k0`, runtime/target.py: the rows a k = 1 verify runs), an unmeasured V(0) is V(1): the slope
+of k 1..4 below them made k = 0 look about 40 % cheaper on a 2-core CPU, where 3 rows cost 1.4x two, and a fresh
+pack's first request stopped drafting for 7 steps (bench/README.md, "A fresh pack's first request"). A request starts
+at `first_k`; k = 0 is measured as soon as it looks best, or as a neighbour of k = 1.
 PriorCosts replaces the measurements by fixed relative costs where the k schedule must not depend on the
 clock (seeded sampling: the same seed gives the same tokens). Given the timings, everything is
 deterministic: tests feed a fake clock.
@@ -92,6 +95,8 @@ class AdaptiveConfig:
     neighbor_every: int = 16        # every this many drafting steps, one at a neighbour of the best k
     pack_weight: float = 4.0        # pseudo-steps of the pack's pooled rates in a request's (PackAcceptance)
     pack_decay: float = 0.995       # per step, on the pack's pooled counts (~200 steps of memory, over requests)
+    padded_k0: bool = False         # a k = 0 step verifies k = 1's rows (the backend pads a greedy single step: until
+                                    # V(0) is measured it is V(1); MeasuredCosts)
 
 
 class AcceptanceModel:
@@ -215,10 +220,14 @@ class MeasuredCosts:
     lengths in one comparison.
     """
 
-    def __init__(self, k_max: int, window: int, verify_slope: float, warmups: Callable[[], int] | None = None) -> None:
+    def __init__(self, k_max: int, window: int, verify_slope: float, warmups: Callable[[], int] | None = None,
+                 padded_k0: bool = False) -> None:
         """warmups: the backend's count of warm-up runs so far (Backend.warmup_runs); a step during which it grew
-        gives no sample."""
+        gives no sample. padded_k0: a k = 0 step runs as two rows, k = 1's (runtime/target.py pads a greedy single
+        step), so while V(0) is not measured it is V(1), not an extrapolation below the measured ks (module
+        docstring)."""
         self.window, self.verify_slope = window, verify_slope  # the slope is used while a single k is known
+        self.padded_k0 = padded_k0
         self.warmups = warmups
         self._warmups_seen = warmups() if warmups is not None else 0
         self.rest: list[deque[float]] = [deque(maxlen=window) for _ in range(k_max + 1)]  # [k_max+1] V(k) samples
@@ -279,6 +288,8 @@ class MeasuredCosts:
         known, d = self._known()
         for k in range(len(out)):
             out[k] = k * d + _interpolate(known, k, self.verify_slope)
+        if self.padded_k0 and len(out) > 1 and known and known[0][0] > 0:  # V(0) unmeasured: the rows of V(1)
+            out[0] = out[1] - d
 
     def _known(self) -> tuple[list[tuple[int, float]], float]:
         """(k, V(k)) for every k measured, sorted, and d: this request's medians, and where it has none, the
@@ -368,8 +379,8 @@ class AdaptiveK:
         self.config = config or AdaptiveConfig()
         self._k_max = k_max
         self.acceptance: Acceptance = acceptance or AcceptanceModel(k_max, self.config)
-        self.costs: Costs = costs if costs is not None else MeasuredCosts(k_max, self.config.window,
-                                                                          self.config.verify_slope, warmups)
+        self.costs: Costs = costs if costs is not None else MeasuredCosts(
+            k_max, self.config.window, self.config.verify_slope, warmups, self.config.padded_k0)
         self.costs.start()
         self._tokens = [0.0] * (k_max + 1)  # [k_max+1] 1 + E[accepted | k]
         self._times = [0.0] * (k_max + 1)   # [k_max+1] k d + V(k)

@@ -90,7 +90,8 @@ def load(path: str | os.PathLike[str], *, device: str = "cpu", threads: int | No
     tokenizer = _load_tokenizer(path, manifest, pinned)
     options = replace(options or BackendOptions(), threads=threads, verified_reads=pinned)
     backend = open_backend(device, path, manifest, options)
-    return Pack(path, manifest, tokenizer, backend, ngram=ngram, slots=options.slots)
+    return Pack(path, manifest, tokenizer, backend, ngram=ngram, slots=options.slots,
+                padded_k0=options.pad_single_steps)
 
 
 def _load_tokenizer(path: Path, manifest: Manifest, pinned: bool) -> PackTokenizer:
@@ -117,8 +118,11 @@ class Pack:
     """
 
     def __init__(self, path: Path, manifest: Manifest, tokenizer: PackTokenizer, backend: Backend,
-                 drafter: Drafter | None = None, ngram: NgramConfig | None = None, slots: int = 1) -> None:
-        """`drafter` replaces the pack's default drafter (the manifest's: "model" or "ngram")."""
+                 drafter: Drafter | None = None, ngram: NgramConfig | None = None, slots: int = 1,
+                 padded_k0: bool = True) -> None:
+        """`drafter` replaces the pack's default drafter (the manifest's: "model" or "ngram"); `padded_k0`: the backend
+        runs a greedy single step as k = 1's two rows (BackendOptions.pad_single_steps), which adaptive k's cost model
+        then assumes of k = 0 until it is measured (AdaptiveConfig.padded_k0)."""
         self.path, self.manifest, self.tokenizer, self.backend = path, manifest, tokenizer, backend
         self.drafters: dict[str, Drafter] = {"ngram": NgramDrafter(ngram)}
         if manifest.drafter == "model":
@@ -139,6 +143,7 @@ class Pack:
         self._lock = threading.Lock()
         self._owner: int | None = None  # the thread holding the lock
         self.closed = False  # set by close(): the backend's sessions are gone
+        self._padded_k0 = padded_k0 and manifest.k_max >= 1  # Target pads only where a pack drafts
         self.slots = slots   # the backend's cache slots: the most requests a batch decodes at once
         self._batcher: Batcher[Any] | None = None  # start_batching: the scheduler's thread
         self._batching_lock = threading.Lock()
@@ -203,7 +208,7 @@ class Pack:
                 return FixedTree(nodes, width) if nodes else FixedK(0)
 
             def tree_policy(costs: Costs | None) -> TreePolicy:
-                config, pooled = AdaptiveConfig(), None
+                config, pooled = AdaptiveConfig(padded_k0=self._padded_k0), None
                 if not isinstance(costs, PriorCosts):  # seeded sampling: this request's acceptance alone
                     pooled = self._tree_acceptance.setdefault(
                         drafter, TreeAcceptance(self.max_nodes, width, config, decay=config.pack_decay))
@@ -213,7 +218,7 @@ class Pack:
             return self._adaptive(drafter, params, seed, tree_policy, self.max_nodes)
         if k is not None:
             return FixedK(k)
-        k_max, config = self.manifest.k_max, AdaptiveConfig()
+        k_max, config = self.manifest.k_max, AdaptiveConfig(padded_k0=self._padded_k0)
 
         def chain(costs: Costs | None) -> AdaptiveK:
             pooled = None

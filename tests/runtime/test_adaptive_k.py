@@ -311,6 +311,40 @@ def test_interpolated_costs() -> None:
     assert out == pytest.approx([1.1, 0.3 + 1.25, 0.6 + 1.4, 0.9 + 1.55, 1.2 + 1.7])
 
 
+
+def test_padded_k0_costs_what_k1_verifies_until_measured() -> None:
+    """A greedy k = 0 step runs k = 1's two rows (runtime/target.py's pad): with padded_k0, an unmeasured V(0) is V(1),
+    not the steep slope of k 1..4 extrapolated below them (a 2-core CPU's int4 rows: 3 rows cost 1.4x two); a measured
+    V(0) is used as measured."""
+    def costs_after(padded: bool, measured_k0: bool) -> list[float]:
+        costs = MeasuredCosts(4, window=3, verify_slope=0.04, padded_k0=padded)
+        for k, v in ((1, 1.04), (2, 1.44), (3, 1.86), (4, 2.2)):
+            costs.observe(k, v + 0.1 * k, 0.1 * k)  # d = 0.1 per draft
+        if measured_k0:
+            costs.observe(0, 0.97, 0.0)
+        out = [0.0] * 5
+        costs.step_times(out)
+        return out
+
+    assert costs_after(True, False)[:2] == pytest.approx([1.04, 1.14])
+    assert costs_after(False, False)[0] == pytest.approx(0.64)  # the first segment's slope, below k = 1
+    assert costs_after(True, True)[0] == costs_after(False, True)[0] == pytest.approx(0.97)
+
+
+def test_padded_k0_keeps_drafting_from_the_first_request() -> None:
+    """The first request of a fresh pack on the CPU (Run L's head, int4, 2 cores: a k 1 step 1.14 target steps, each
+    further draft about 0.4, acceptance about 0.7): started at k 4, the policy measured k 1..4 only, and the slope
+    below made k = 0 look about 40 % cheaper than the padded step it is, so it stopped drafting for 7 steps
+    (bench/README.md, "A fresh pack's first request"). With padded_k0 it keeps drafting; without it, k = 0."""
+    v = {0: 1.04, 1: 1.04, 2: 1.44, 3: 1.86, 4: 2.2}
+
+    def ks(padded: bool, seed: int) -> str:
+        policy = AdaptiveK(4, AdaptiveConfig(padded_k0=padded))
+        return "".join(map(str, simulate(policy, 40, d=0.1, v=lambda k: v[k], acceptance=lambda _: 0.7, seed=seed)))
+
+    for seed in (3, 4):  # e.g. seed 4: 4411111111111111121111111111111110111111 against 4410000000111111111111112111...
+        assert "0" not in ks(True, seed)[:30] and "00000" in ks(False, seed)[:25]
+
 class FakeClock:
     def __init__(self) -> None:
         self.now = 0.0
