@@ -96,7 +96,8 @@ class AdaptiveConfig:
     pack_weight: float = 4.0        # pseudo-steps of the pack's pooled rates in a request's (PackAcceptance)
     pack_decay: float = 0.995       # per step, on the pack's pooled counts (~200 steps of memory, over requests)
     padded_k0: bool = False         # a k = 0 step verifies k = 1's rows (the backend pads a greedy single step: until
-                                    # V(0) is measured it is V(1); MeasuredCosts)
+                                    # V(0) is measured it is V(1); MeasuredCosts; a sampled k = 0 step, one row, is
+                                    # then priced a little high until measured)
 
 
 class AcceptanceModel:

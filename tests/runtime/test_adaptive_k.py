@@ -311,7 +311,6 @@ def test_interpolated_costs() -> None:
     assert out == pytest.approx([1.1, 0.3 + 1.25, 0.6 + 1.4, 0.9 + 1.55, 1.2 + 1.7])
 
 
-
 def test_padded_k0_costs_what_k1_verifies_until_measured() -> None:
     """A greedy k = 0 step runs k = 1's two rows (runtime/target.py's pad): with padded_k0, an unmeasured V(0) is V(1),
     not the steep slope of k 1..4 extrapolated below them (a 2-core CPU's int4 rows: 3 rows cost 1.4x two); a measured
@@ -344,6 +343,7 @@ def test_padded_k0_keeps_drafting_from_the_first_request() -> None:
 
     for seed in (3, 4):  # e.g. seed 4: 4411111111111111121111111111111110111111 against 4410000000111111111111112111...
         assert "0" not in ks(True, seed)[:30] and "00000" in ks(False, seed)[:25]
+
 
 class FakeClock:
     def __init__(self) -> None:
